@@ -1,0 +1,1 @@
+"""ulacache package."""

@@ -1,0 +1,62 @@
+"""Entry point of the `ulacache` command.
+
+Each package contributes its sub-commands through a `register(subparsers)` function in its `cli` module; the
+handler it sets as `func` returns an exit status. User errors (bad input, bad configs, missing files) are raised as
+`ValueError` / `OSError` (or subclasses) and become one line on stderr with exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
+COMMAND_MODULES = ("traces.cli", "sim.cli", "hw.cli", "reports.cli", "ulacache_cli.demo")
+
+
+class UsageError(ValueError):
+    """A user error detected by the front door itself."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ulacache",
+        description="KV-cache management for long-context sparse-attention serving: traces, replay, sweeps, "
+        "hardware validation and reports.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a package of ours that is not built yet must not break the others
+            if exc.name and exc.name.split(".")[0] in name.split(".")[0]:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, KeyError) and text.startswith("'"):
+        text = f"unknown key {text}"
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.func(args)
+    except KeyboardInterrupt:
+        print("ulacache: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, KeyError, OSError, EOFError) as exc:
+        print(f"ulacache: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
