@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
-COMMAND_MODULES = ("traces.cli", "sim.cli", "hw.cli", "reports.cli", "ulacache_cli.demo")
+COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "hw.cli", "reports.cli", "ulacache_cli.demo")
 
 
 class UsageError(ValueError):
@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a package of ours that is not built yet must not break the others
-            if exc.name and exc.name.split(".")[0] in name.split(".")[0]:
+        except ModuleNotFoundError as exc:  # a sub-command module not built yet must not break the others
+            if exc.name == name:
                 continue
             raise
         module.register(sub)
