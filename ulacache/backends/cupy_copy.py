@@ -1,0 +1,141 @@
+"""GPU row movers for KV exchange and peer gathers (cupy RawModule over kernels/copy_rows.cu).
+
+Rows are token KV rows of one layer (656 B FP8 MLA, 1152 B BF16, ...), moved as 16-B vectors. Three movers:
+`exchange_rows` swaps scattered rows between a mapped pinned host pool and a GPU pool (the incoming row goes to its
+GPU slot, the victim goes out to the host slot the incoming row vacated, DESIGN §4); `gather_rows` copies scattered
+rows between any two UVA pointers (peer GPU -> local buffer over NVLink, host -> GPU, GPU -> host). cupy is imported
+only inside functions, so this module imports on CPU-only hosts.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+_KERNELS = Path(__file__).with_name("kernels")
+VEC_BYTES = 16
+LINE_BYTES = 128
+_BLOCK = 256
+# Specialised row widths (vectors per row) compiled with a constant divisor; others use the runtime-width kernel.
+_FIXED_VPR = (41, 72)
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_module(unroll: int):
+    cp = _cupy()
+    names = [f"gather_rows<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
+    names += [f"exchange_rows<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
+    names += [f"exchange_rows_lines<{v},{unroll}>" for v in _FIXED_VPR]
+    code = (_KERNELS / "copy_rows.cu").read_text()
+    mod = cp.RawModule(code=code, options=("-std=c++17",), name_expressions=names)
+    return mod
+
+
+def _kernel(kind: str, vpr: int, unroll: int):
+    v = vpr if vpr in _FIXED_VPR else 0
+    return _copy_module(unroll).get_function(f"{kind}<{v},{unroll}>")
+
+
+def vectors_per_row(row_bytes: int) -> int:
+    if row_bytes <= 0 or row_bytes % VEC_BYTES:
+        raise ValueError(f"row_bytes={row_bytes}: must be a positive multiple of {VEC_BYTES}")
+    return row_bytes // VEC_BYTES
+
+
+def _grid(num_vectors: int, unroll: int, max_blocks: int | None) -> int:
+    blocks = max(1, -(-num_vectors // (_BLOCK * unroll)))
+    if max_blocks:
+        blocks = min(blocks, max_blocks)
+    return blocks
+
+
+def ptr_of(x) -> int:
+    """Device-usable address of a cupy array, a HostPool, a torch tensor or a raw int pointer."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, HostPool):
+        return x.ptr
+    data = getattr(x, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return int(data.ptr)
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    raise TypeError(f"cannot take a device address of {type(x).__name__}")
+
+
+def _idx(a):
+    cp = _cupy()
+    return cp.ascontiguousarray(cp.asarray(a, dtype=cp.int64))
+
+
+class HostPool:
+    """Pinned, portable, device-mapped host memory of `num_rows` rows (plus one padding line).
+
+    `.array` is a numpy uint8 view of shape (num_rows, row_bytes); `.ptr` is the address kernels use (UVA: the
+    host and device addresses are equal)."""
+
+    def __init__(self, num_rows: int, row_bytes: int):
+        cp = _cupy()
+        vectors_per_row(row_bytes)
+        self.num_rows, self.row_bytes = int(num_rows), int(row_bytes)
+        nbytes = self.num_rows * self.row_bytes + LINE_BYTES
+        rt = cp.cuda.runtime
+        flags = getattr(rt, "hostAllocPortable", 1) | getattr(rt, "hostAllocMapped", 2)
+        self._mem = cp.cuda.PinnedMemory(nbytes, flags)
+        self.ptr = int(self._mem.ptr)
+        if self.ptr % LINE_BYTES:
+            raise RuntimeError("pinned host allocation is not 128-B aligned")
+        buf = np.frombuffer(cp.cuda.PinnedMemoryPointer(self._mem, 0), dtype=np.uint8, count=nbytes)
+        self.array = buf[: self.num_rows * self.row_bytes].reshape(self.num_rows, self.row_bytes)
+
+
+def gather_rows(dst, src, dst_idx, src_idx, row_bytes: int, *, unroll: int = 8, max_blocks: int | None = None,
+                stream=None) -> None:
+    """dst[dst_idx[i]] = src[src_idx[i]] row-wise, on the current device (src may be a peer GPU or host)."""
+    cp = _cupy()
+    vpr = vectors_per_row(row_bytes)
+    di, si = _idx(dst_idx), _idx(src_idx)
+    n = int(di.size)
+    if si.size != n:
+        raise ValueError(f"gather_rows: {n} destination rows but {si.size} source rows")
+    if n == 0:
+        return
+    k = _kernel("gather_rows", vpr, unroll)
+    args = (np.uint64(ptr_of(dst)), np.uint64(ptr_of(src)), di, si, np.int32(n), np.int32(vpr))
+    k((_grid(n * vpr, unroll, max_blocks),), (_BLOCK,), args, stream=stream or cp.cuda.get_current_stream())
+
+
+def exchange_rows(gpu_pool, host_pool, gpu_idx, host_idx, victim, row_bytes: int, *, variant: str = "flat",
+                  unroll: int = 8, max_blocks: int | None = None, stream=None) -> None:
+    """Swap-in exchange: gpu[gpu_idx[i]] <- host[host_idx[i]], and where victim[i], host[host_idx[i]] <- old gpu row.
+
+    variant "flat" reads exactly the row's 16-B pieces; "lines" reads whole 128-B lines (full-size PCIe reads,
+    only for the specialised widths 41 and 72 vectors)."""
+    cp = _cupy()
+    vpr = vectors_per_row(row_bytes)
+    gi, hi = _idx(gpu_idx), _idx(host_idx)
+    vi = cp.ascontiguousarray(cp.asarray(victim).astype(cp.uint8, copy=False))
+    n = int(gi.size)
+    if hi.size != n or vi.size != n:
+        raise ValueError(f"exchange_rows: {n} GPU slots, {hi.size} host slots, {vi.size} victim flags")
+    if n == 0:
+        return
+    stream = stream or cp.cuda.get_current_stream()
+    gp, hp = np.uint64(ptr_of(gpu_pool)), np.uint64(ptr_of(host_pool))
+    if variant == "lines" and vpr in _FIXED_VPR:
+        width = vpr if vpr % 8 == 0 else ((vpr + 14) // 8) * 8
+        k = _copy_module(unroll).get_function(f"exchange_rows_lines<{vpr},{unroll}>")
+        k((_grid(n * width, unroll, max_blocks),), (_BLOCK,), (gp, hp, gi, hi, vi, np.int32(n)), stream=stream)
+    elif variant in ("flat", "lines"):
+        k = _kernel("exchange_rows", vpr, unroll)
+        k((_grid(n * vpr, unroll, max_blocks),), (_BLOCK,), (gp, hp, gi, hi, vi, np.int32(n), np.int32(vpr)),
+          stream=stream)
+    else:
+        raise ValueError(f"exchange_rows: unknown variant {variant!r} (flat | lines)")

@@ -1,0 +1,124 @@
+// Row copy kernels for KV exchange (DESIGN §4) and peer gathers (DESIGN §2, TP local buffers).
+// A "row" is one token's KV of one layer (e.g. 656 B FP8 MLA, 1152 B BF16). Rows are moved as 16-byte vectors
+// (uint4), so row bytes and pool bases must be multiples of 16. Work is flattened over (row, vector): consecutive
+// threads touch consecutive 16-B pieces of a row (coalesced), many rows per block, and each thread issues U
+// independent loads before its first store so that enough bytes are in flight to cover PCIe / NVLink latency.
+// Template VPR = vectors per row (0 = runtime value `vpr`), U = loads in flight per thread.
+// No includes: NVRTC compiles this without a standard library.
+
+template <int VPR>
+__device__ __forceinline__ int vpr_of(int vpr) { return VPR > 0 ? VPR : vpr; }
+
+// dst[dst_idx[r]] = src[src_idx[r]] for r < n. src/dst may be device, peer-device or mapped pinned host memory.
+template <int VPR, int U>
+__global__ void __launch_bounds__(256) gather_rows(uint4* __restrict__ dst, const uint4* __restrict__ src,
+                                                   const long long* __restrict__ dst_idx,
+                                                   const long long* __restrict__ src_idx, int n, int vpr_rt) {
+  const int vpr = vpr_of<VPR>(vpr_rt);
+  const long long total = (long long)n * vpr;
+  const long long tile = (long long)blockDim.x * U;
+  for (long long base = (long long)blockIdx.x * tile; base < total; base += (long long)gridDim.x * tile) {
+    uint4 v[U];
+    long long d[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      long long e = base + (long long)u * blockDim.x + threadIdx.x;
+      d[u] = -1;
+      if (e < total) {
+        int r = (int)(e / vpr);
+        int k = (int)(e - (long long)r * vpr);
+        v[u] = src[src_idx[r] * vpr + k];
+        d[u] = dst_idx[r] * vpr + k;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (d[u] >= 0) dst[d[u]] = v[u];
+  }
+}
+
+// KV exchange with swap (DESIGN §4): for each miss r, the incoming row moves from host slot h = host_idx[r] into
+// GPU slot g = gpu_idx[r]; if victim[r] != 0 the row that g held moves out to host slot h (the slot the incoming
+// entry vacated). Each (h, g) appears once per launch, so a thread's read-then-write of its own piece is race-free.
+template <int VPR, int U>
+__global__ void __launch_bounds__(256) exchange_rows(uint4* __restrict__ gpu, uint4* __restrict__ host,
+                                                     const long long* __restrict__ gpu_idx,
+                                                     const long long* __restrict__ host_idx,
+                                                     const unsigned char* __restrict__ victim, int n, int vpr_rt) {
+  const int vpr = vpr_of<VPR>(vpr_rt);
+  const long long total = (long long)n * vpr;
+  const long long tile = (long long)blockDim.x * U;
+  for (long long base = (long long)blockIdx.x * tile; base < total; base += (long long)gridDim.x * tile) {
+    uint4 in[U], out[U];
+    long long g[U], h[U];
+    bool sw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      long long e = base + (long long)u * blockDim.x + threadIdx.x;
+      g[u] = -1;
+      sw[u] = false;
+      if (e < total) {
+        int r = (int)(e / vpr);
+        int k = (int)(e - (long long)r * vpr);
+        h[u] = host_idx[r] * vpr + k;
+        g[u] = gpu_idx[r] * vpr + k;
+        sw[u] = victim[r] != 0;
+        in[u] = host[h[u]];
+        if (sw[u]) out[u] = gpu[g[u]];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (g[u] >= 0) {
+        gpu[g[u]] = in[u];
+        if (sw[u]) host[h[u]] = out[u];
+      }
+    }
+  }
+}
+
+// Line-window variant: reads, for each row, the whole 128-B lines that hold it (W vectors, W a multiple of 8),
+// so every PCIe read request is a full line; the pieces outside the row are dropped. Needs the host pool padded
+// by one line at its end. For rows whose size is a multiple of 128 B this equals exchange_rows.
+template <int VPR, int U>
+__global__ void __launch_bounds__(256) exchange_rows_lines(uint4* __restrict__ gpu, uint4* __restrict__ host,
+                                                           const long long* __restrict__ gpu_idx,
+                                                           const long long* __restrict__ host_idx,
+                                                           const unsigned char* __restrict__ victim, int n) {
+  constexpr int W = (VPR % 8 == 0) ? VPR : ((VPR + 14) / 8) * 8;
+  const long long total = (long long)n * W;
+  const long long tile = (long long)blockDim.x * U;
+  for (long long base = (long long)blockIdx.x * tile; base < total; base += (long long)gridDim.x * tile) {
+    uint4 in[U], out[U];
+    long long g[U], h[U];
+    bool use[U], sw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      long long e = base + (long long)u * blockDim.x + threadIdx.x;
+      use[u] = false;
+      sw[u] = false;
+      if (e < total) {
+        int r = (int)(e / W);
+        int j = (int)(e - (long long)r * W);
+        long long row0 = host_idx[r] * VPR;
+        long long src = (row0 & ~7LL) + j;
+        int k = (int)(src - row0);
+        in[u] = host[src];
+        use[u] = (k >= 0 && k < VPR);
+        if (use[u]) {
+          h[u] = src;
+          g[u] = gpu_idx[r] * VPR + k;
+          sw[u] = victim[r] != 0;
+          if (sw[u]) out[u] = gpu[g[u]];
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (use[u]) {
+        gpu[g[u]] = in[u];
+        if (sw[u]) host[h[u]] = out[u];
+      }
+    }
+  }
+}

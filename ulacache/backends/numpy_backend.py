@@ -1,0 +1,104 @@
+"""The numpy backend: the reference implementation of every primitive (README.md gives the semantics)."""
+from __future__ import annotations
+
+import numpy as np
+
+_BIT = (np.uint8(1) << np.arange(8, dtype=np.uint8)).astype(np.uint8)
+
+
+class NumpyBackend:
+    """Reference backend; arrays are numpy arrays and every state update is in place."""
+
+    name = "numpy"
+
+    def asarray(self, a):
+        return a
+
+    def to_numpy(self, a):
+        return a
+
+    # -- pipeline primitives -------------------------------------------------------------------------------------------
+    def dedup(self, addrs, marker):
+        # Scatter-marker dedup: O(n) scatter + one scan of the marker; yields the values sorted for free.
+        # -1 padding lands on marker[-1] (the last element, never a valid address: marker is longer than max(addrs)).
+        marker[addrs] = True
+        uniq = np.flatnonzero(marker)
+        marker[uniq] = False
+        marker[-1] = False
+        if uniq.size and uniq[-1] == marker.size - 1:
+            uniq = uniq[:-1]
+        return uniq.astype(np.int64, copy=False), marker
+
+    def gather(self, table, idx):
+        return table[idx]
+
+    def scatter(self, table, idx, values):
+        table[idx] = values
+        return table
+
+    def hit_mask(self, places, num_gpu_places):
+        return (places >= 0) & (places < num_gpu_places)
+
+    def bucket_of(self, stamps, slots, now, num_recent):
+        age = now - stamps[slots]
+        return np.clip(age, 0, num_recent + 1).astype(np.int8)
+
+    def bitmap_set(self, bitmap, slots):
+        # Distinct slots whose bits are clear: adding the bit values equals OR-ing them.
+        np.add.at(bitmap, slots >> 3, _BIT[slots & 7])
+        return bitmap
+
+    def bitmap_clear(self, bitmap, slots):
+        np.subtract.at(bitmap, slots >> 3, _BIT[slots & 7])
+        return bitmap
+
+    def summary(self, bitmap):
+        nonzero = bitmap.view("<u8") != 0
+        pad = (-nonzero.size) % 64
+        if pad:
+            nonzero = np.concatenate([nonzero, np.zeros(pad, dtype=bool)])
+        return np.packbits(nonzero, bitorder="little")
+
+    def select_first(self, bitmap, summary, seg_slots, counts):
+        counts = np.asarray(counts, dtype=np.int64)
+        nseg = counts.size
+        words = bitmap.view("<u8")
+        words_per_seg = seg_slots // 64
+        cand = np.flatnonzero(np.unpackbits(summary, bitorder="little")[: words.size])  # non-empty words, ascending
+        popc = np.bitwise_count(words[cand]).astype(np.int64)
+        seg = cand // words_per_seg
+        seg_total = np.bincount(seg, weights=popc, minlength=nseg).astype(np.int64)
+        seg_offset = np.cumsum(seg_total) - seg_total
+        before = np.cumsum(popc) - popc - seg_offset[seg]  # set bits earlier in the same segment
+        need = before < counts[seg]
+        take = cand[need]
+        bits = np.unpackbits(bitmap.reshape(-1, 8)[take], axis=1, bitorder="little")
+        rows, cols = np.nonzero(bits)
+        slots = take[rows] * 64 + cols
+        sseg = slots // seg_slots
+        found = np.minimum(counts, seg_total)
+        first = np.cumsum(np.bincount(sseg, minlength=nseg)) - np.bincount(sseg, minlength=nseg)
+        rank_in_seg = np.arange(slots.size) - first[sseg]
+        return slots[rank_in_seg < counts[sseg]].astype(np.int64, copy=False), found
+
+    def lru_select(self, stamps, eligible, seg_slots, counts):
+        counts = np.asarray(counts, dtype=np.int64)
+        out, found = [], np.zeros(counts.size, dtype=np.int64)
+        for r, k in enumerate(counts.tolist()):  # loop over ranks (segments), not over slots
+            lo = r * seg_slots
+            idx = np.flatnonzero(eligible[lo:lo + seg_slots])
+            key = (stamps[lo + idx] + 1) * seg_slots + idx  # unique: (stamp, slot) order
+            if k < idx.size:
+                key = key[np.argpartition(key, k)[:k]] if k > 0 else key[:0]
+            key = np.sort(key)
+            out.append(lo + key % seg_slots)
+            found[r] = key.size
+        slots = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        return slots.astype(np.int64, copy=False), found
+
+    def gather_rows(self, pool, idx):
+        return pool[idx]
+
+    def scatter_rows(self, pool, idx, rows):
+        pool[idx] = rows
+        return pool
