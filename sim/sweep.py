@@ -1,0 +1,411 @@
+"""Grid sweeps over replays: one replay per grid point, run in-process or on Ray, resumable.
+
+A sweep dir holds `sweep.yaml` (the base config, grid, overrides and the point list), `points/<point_id>/` (one
+replay dir per point: `metrics.json`, ...) and the results table `results.parquet` + `results.csv`, rewritten
+atomically (temp file, then `os.replace`) after every finished point. A point's identity is a stable hash of its
+resolved config, so `--resume` skips finished points whatever order or grid they came from; a killed sweep loses at
+most the points that were running. Points that failed (status=error) are run again on resume.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import yaml
+
+ReplayFn = Callable[[dict, Path], dict]
+ResolveFn = Callable[[Path, list], dict]
+
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+FIRST_COLUMNS = ("point_id", "status", "error")
+RESULTS_NAME = "results"
+POINTS_DIR = "points"
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+def parse_value(text: str):
+    """A grid/override value as YAML would read it (8 -> int, true -> bool, pb-lru -> str)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (str, int, float, bool)) or value is None else text
+
+
+def _split_item(item: str, what: str) -> tuple[str, str]:
+    key, sep, rest = item.partition("=")
+    key = key.strip()
+    if not sep or not KEY_RE.match(key) or not rest.strip():
+        raise ValueError(f"bad {what} {item!r}: expected dotted.key=value{',value2,...' if what == '--grid' else ''}")
+    return key, rest
+
+
+def parse_grid(items: Iterable[str]) -> dict[str, list]:
+    """`["system=sglang,ulacache", "workload.max_concurrency=1,8"]` -> ordered {key: [values]}."""
+    grid: dict[str, list] = {}
+    for item in items:
+        key, rest = _split_item(item, "--grid")
+        if key in grid:
+            raise ValueError(f"bad --grid {item!r}: key {key!r} given twice")
+        texts = [t.strip() for t in rest.split(",")]
+        if any(not t for t in texts):
+            raise ValueError(f"bad --grid {item!r}: empty value in the list")
+        values = [parse_value(t) for t in texts]
+        if len({json.dumps(v) for v in values}) != len(values):
+            raise ValueError(f"bad --grid {item!r}: repeated value")
+        grid[key] = values
+    return grid
+
+
+def parse_sets(items: Iterable[str]) -> list[str]:
+    """Validate `--set key=value` items; returns them as `key=value` strings for the config loader."""
+    out = []
+    for item in items:
+        key, rest = _split_item(item, "--set")
+        out.append(f"{key}={rest.strip()}")
+    return out
+
+
+def expand_grid(grid: dict[str, list]) -> list[dict]:
+    """Cartesian product of the grid, in the order the keys and values were given."""
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def _override(key: str, value) -> str:
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+# ----------------------------------------------------------------------------------------------- identity
+def _plain(obj):
+    """Resolved config (dict or dataclass tree) -> JSON-able plain data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    return obj
+
+
+def point_id(resolved_config) -> str:
+    """Stable 16-hex-digit id of a resolved point config (canonical JSON, sorted keys)."""
+    text = json.dumps(_plain(resolved_config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    """Nested dict -> {dotted.key: scalar}; lists become JSON text."""
+    out = {}
+    for key, value in (tree or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(_plain(value))
+        else:
+            out[name] = value
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- sim hooks
+def sim_resolve(config_path: Path, overrides: list) -> dict:
+    """Resolve a config file + overrides with the simulator's loader (unknown keys -> ValueError)."""
+    import sim
+
+    return _plain(sim.load_config(config_path, list(overrides)))
+
+
+def sim_replay(config: dict, out_dir: Path) -> dict:
+    """Run one real replay (the product's default replay function)."""
+    import sim
+
+    return sim.replay(config, out_dir, progress=False)
+
+
+# ----------------------------------------------------------------------------------------------- points
+@dataclasses.dataclass(frozen=True)
+class Point:
+    point_id: str
+    values: dict  # grid key -> value
+    config: dict  # resolved config passed to the replay function
+
+
+def make_points(config_path: Path, grid: dict, sets: list[str], resolve: ResolveFn = sim_resolve) -> list[Point]:
+    """Resolve every grid point up front, so a bad key or value fails before anything runs."""
+    points, seen = [], set()
+    for values in expand_grid(grid):
+        overrides = list(sets) + [_override(k, v) for k, v in values.items()]
+        try:
+            config = resolve(config_path, overrides)
+        except (ValueError, KeyError, TypeError) as exc:
+            where = ", ".join(f"{k}={v}" for k, v in values.items())
+            raise ValueError(f"grid point {where}: {_one_line(exc)}") from None
+        pid = point_id(config)
+        if pid in seen:
+            continue  # two grid values resolving to the same config are one point
+        seen.add(pid)
+        points.append(Point(pid, values, config))
+    return points
+
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(ANSI_RE.sub("", str(exc)).split()) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def run_point(replay_fn: ReplayFn, config: dict, point_dir: str) -> dict:
+    """Run one point; any exception becomes a status=error row (SystemExit/KeyboardInterrupt propagate)."""
+    start = time.perf_counter()
+    path = Path(point_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        metrics = replay_fn(config, path)
+        if not isinstance(metrics, dict):
+            raise TypeError(f"replay returned {type(metrics).__name__}, expected a metrics dict")
+        return {"status": "ok", "error": "", "metrics": _plain(metrics),
+                "point_wall_s": time.perf_counter() - start}
+    except Exception as exc:  # noqa: BLE001 - failure isolation is the point
+        return {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {},
+                "point_wall_s": time.perf_counter() - start}
+
+
+# ----------------------------------------------------------------------------------------------- results table
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _scalar(value):
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(_plain(value))
+    return value
+
+
+class ResultsTable:
+    """One row per point, rewritten atomically to results.parquet + results.csv on every add."""
+
+    def __init__(self, sweep_dir: Path, grid_keys: list[str]):
+        self.dir = Path(sweep_dir)
+        self.grid_keys = list(grid_keys)
+        self.rows: dict[str, dict] = {}
+        parquet = self.dir / f"{RESULTS_NAME}.parquet"
+        if parquet.exists():
+            import pandas as pd
+
+            for row in pd.read_parquet(parquet).to_dict("records"):
+                clean = {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+                self.rows[str(row["point_id"])] = clean
+
+    def status(self, pid: str) -> str | None:
+        row = self.rows.get(pid)
+        return None if row is None else row.get("status")
+
+    def add(self, point: Point, outcome: dict) -> dict:
+        row = {"point_id": point.point_id, "status": outcome["status"], "error": outcome.get("error", "")}
+        row.update({k: _scalar(v) for k, v in point.values.items()})
+        for key, value in outcome.get("metrics", {}).items():
+            row.setdefault(key, _scalar(value))
+        row["point_wall_s"] = outcome.get("point_wall_s")
+        row["point_dir"] = f"{POINTS_DIR}/{point.point_id}"
+        for key, value in flatten(point.config).items():
+            row.setdefault(key, value)
+        self.rows[point.point_id] = row
+        self.write()
+        return row
+
+    def frame(self):
+        import pandas as pd
+
+        df = pd.DataFrame(list(self.rows.values()))
+        if df.empty:
+            df = pd.DataFrame(columns=list(FIRST_COLUMNS) + self.grid_keys)
+        first = [c for c in list(FIRST_COLUMNS) + self.grid_keys if c in df.columns]
+        df = df[first + [c for c in df.columns if c not in first]]
+        for col in df.columns:  # pyarrow needs one type per column
+            if df[col].dtype == object:
+                kinds = {type(v) for v in df[col] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+                if len(kinds) > 1 and not kinds <= {int, float, bool}:
+                    df[col] = df[col].map(lambda v: None if v is None else str(v))
+        return df
+
+    def write(self) -> None:
+        df = self.frame()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.dir / f"{RESULTS_NAME}.parquet", lambda p: df.to_parquet(p, index=False))
+        _atomic_write(self.dir / f"{RESULTS_NAME}.csv", lambda p: df.to_csv(p, index=False))
+
+
+# ----------------------------------------------------------------------------------------------- executors
+def _run_inprocess(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done) -> None:
+    for point in todo:
+        on_done(point, run_point(replay_fn, point.config, str(sweep_dir / POINTS_DIR / point.point_id)))
+
+
+def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, workers: int,
+             address: str | None) -> None:
+    import logging
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
+                     log_to_driver=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
+        pending = {remote.remote(replay_fn, p.config, str(sweep_dir / POINTS_DIR / p.point_id)): p for p in todo}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                point = pending.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a worker that died is one failed point
+                    outcome = {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}",
+                               "metrics": {}, "point_wall_s": None}
+                on_done(point, outcome)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------- sweep
+def _load_sweep_yaml(sweep_dir: Path) -> dict:
+    path = sweep_dir / "sweep.yaml"
+    if not path.exists():
+        raise ValueError(f"{sweep_dir}: no sweep to resume (sweep.yaml missing)")
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a sweep file")
+    return data
+
+
+def _recover(point: Point, sweep_dir: Path) -> dict | None:
+    """A point whose metrics.json was written but whose row was not (killed in between)."""
+    path = sweep_dir / POINTS_DIR / point.point_id / "metrics.json"
+    if not path.exists():
+        return None
+    try:
+        with open(path) as fh:
+            metrics = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return {"status": "ok", "error": "", "metrics": metrics, "point_wall_s": None} if isinstance(metrics, dict) \
+        else None
+
+
+def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (), workers: int = 1,
+              address: str | None = None, resume: bool = False, progress: bool = False,
+              replay_fn: ReplayFn = sim_replay, resolve: ResolveFn = sim_resolve):
+    """Run every grid point (skipping finished ones on resume); returns the results DataFrame."""
+    config_path, sweep_dir = Path(config_path), Path(out_dir)
+    if not config_path.is_file():
+        raise ValueError(f"{config_path}: config file not found")
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if not grid:
+        raise ValueError("no --grid given: a sweep needs at least one key=v1,v2 list")
+    if resume:
+        previous = _load_sweep_yaml(sweep_dir)
+    else:
+        if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
+            raise ValueError(f"{sweep_dir}: sweep dir exists and is not empty; pass --resume to continue it")
+        previous = {}
+    sets = parse_sets(sets)
+    points = make_points(config_path, grid, sets, resolve)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+
+    known = {p["point_id"]: p for p in previous.get("points", []) if isinstance(p, dict) and "point_id" in p}
+    for p in points:
+        known[p.point_id] = {"point_id": p.point_id, "values": dict(p.values)}
+    meta = {"config": str(config_path.resolve()), "grid": grid, "set": list(sets),
+            "grid_keys": list(dict.fromkeys(list(previous.get("grid_keys", [])) + list(grid))),
+            "points": list(known.values())}
+    _atomic_write(sweep_dir / "sweep.yaml", lambda p: p.write_text(yaml.safe_dump(meta, sort_keys=False)))
+
+    table = ResultsTable(sweep_dir, meta["grid_keys"])
+    todo = []
+    for point in points:
+        if table.status(point.point_id) == "ok":
+            continue
+        recovered = _recover(point, sweep_dir)
+        if recovered is not None:
+            table.add(point, recovered)
+            continue
+        todo.append(point)
+
+    bar = _Progress(len(points), len(points) - len(todo), enabled=progress)
+
+    def on_done(point: Point, outcome: dict) -> None:
+        if outcome["status"] == "ok":
+            _ensure_metrics_file(sweep_dir / POINTS_DIR / point.point_id, outcome["metrics"])
+        table.add(point, outcome)
+        bar.advance(outcome["status"])
+
+    with bar:
+        if todo:
+            if workers == 1 and not address:
+                _run_inprocess(todo, replay_fn, sweep_dir, on_done)
+            else:
+                _run_ray(todo, replay_fn, sweep_dir, on_done, workers, address)
+    return table.frame()
+
+
+def _ensure_metrics_file(point_dir: Path, metrics: dict) -> None:
+    """Remote workers may not share our filesystem: keep a metrics.json beside the table either way."""
+    path = point_dir / "metrics.json"
+    if not path.exists():
+        point_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, lambda p: p.write_text(json.dumps(metrics, indent=2, default=str)))
+
+
+class _Progress:
+    """Rich progress bar over points (no-op when disabled)."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.enabled, self.errors = enabled, 0
+        self.total, self.done = total, done
+        self._progress = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn())
+            self._progress.__enter__()
+            self._task = self._progress.add_task("sweep", total=self.total, completed=self.done, errors=0)
+        return self
+
+    def advance(self, status: str) -> None:
+        self.errors += status != "ok"
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, errors=self.errors)
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False

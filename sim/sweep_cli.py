@@ -1,0 +1,98 @@
+"""`ulacache sweep` and `ulacache plan` sub-commands (cheap to import: the work is imported in the handlers)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    sw = subparsers.add_parser(
+        "sweep", help="run one replay per grid point (local Ray, a Ray cluster, or in-process); resumable",
+        description="Run one replay per point of a grid; results go to OUT/results.parquet and OUT/results.csv "
+        "as points finish. Example: ulacache sweep configs/demo.yaml --grid system=sglang,hisparse,ulacache "
+        "--grid workload.max_concurrency=1,4,16 --out out/sweep")
+    sw.add_argument("config", type=Path, help="base replay config (YAML)")
+    sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                    help="a dotted config key and its values; repeat for a cartesian product")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                    help="override a config key for every point")
+    sw.add_argument("--out", type=Path, required=True, help="sweep dir (must not exist unless --resume)")
+    sw.add_argument("--workers", type=int, default=None,
+                    help="parallel replays (default: CPU count); 1 runs in-process without Ray")
+    sw.add_argument("--address", default=None, help="address of an existing Ray cluster (e.g. ray://host:10001)")
+    sw.add_argument("--resume", action="store_true", help="continue a sweep dir, skipping finished points")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.set_defaults(func=_sweep)
+
+    pl = subparsers.add_parser(
+        "plan", help="find each system's peak decode throughput under a TPOT SLO by searching concurrency",
+        description="For each system, search workload.max_concurrency (exponential bracket, binary search on "
+        "the SLO edge, golden-section on throughput) over real replays; prints a table and writes "
+        "OUT/plan.json and OUT/plan.png.")
+    pl.add_argument("--model", required=True, help="model preset (glm-5, glm-5.2, deepseek-v3.2)")
+    pl.add_argument("--hardware", required=True, help="hardware preset (h200, b300)")
+    pl.add_argument("--num-gpus", type=int, default=8)
+    pl.add_argument("--gpu-kv-gb", type=float, default=None, help="GPU KV budget per GPU in GB (default: preset)")
+    pl.add_argument("--cpu-kv-gb", type=float, default=None, help="CPU KV budget per GPU in GB (default: preset)")
+    pl.add_argument("--slo-tpot-ms", type=float, required=True, help="TPOT SLO in ms (on --slo-metric)")
+    pl.add_argument("--slo-metric", default="tpot_ms_p50", choices=("tpot_ms_p50", "tpot_ms_mean"))
+    pl.add_argument("--systems", default="sglang,hisparse,ulacache", help="comma-separated systems")
+    pl.add_argument("--attention", default="dp", choices=("dp", "tp"))
+    pl.add_argument("--config", type=Path, default=None,
+                    help="base config for the workload and other keys (default: configs/demo.yaml)")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                    help="extra config override for every replay")
+    pl.add_argument("--max-concurrency", type=int, default=None,
+                    help="upper end of the search (default: workload.num_requests)")
+    pl.add_argument("--rel-tol", type=float, default=0.0,
+                    help="stop the SLO-edge search when the bracket is within this fraction (0 = exact)")
+    pl.add_argument("--out", type=Path, required=True, help="output dir for plan.json, plan.png and the replays")
+    pl.set_defaults(func=_plan)
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from sim.sweep import parse_grid, run_sweep
+
+    grid = parse_grid(args.grid)
+    workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
+    df = run_sweep(args.config, grid, args.out, sets=args.sets, workers=workers, address=args.address,
+                   resume=args.resume, progress=not args.no_progress)
+    num_ok = int((df["status"] == "ok").sum()) if len(df) else 0
+    num_err = len(df) - num_ok
+    console = Console(stderr=False)
+    console.print(f"sweep: {num_ok} ok, {num_err} error -> {args.out / 'results.parquet'}")
+    if num_err:
+        for _, row in df[df["status"] != "ok"].head(5).iterrows():
+            console.print(f"  error {row['point_id']}: {row['error']}", markup=False, highlight=False)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from sim.plan import print_plan, run_plan
+
+    _positive("--num-gpus", args.num_gpus)
+    _positive("--gpu-kv-gb", args.gpu_kv_gb)
+    _positive("--cpu-kv-gb", args.cpu_kv_gb)
+    _positive("--slo-tpot-ms", args.slo_tpot_ms)
+    _positive("--max-concurrency", args.max_concurrency)
+    if not 0 <= args.rel_tol < 1:
+        raise ValueError(f"--rel-tol must be in [0, 1), got {args.rel_tol}")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not systems:
+        raise ValueError("--systems is empty")
+    result = run_plan(model=args.model, hardware=args.hardware, num_gpus=args.num_gpus, gpu_kv_gb=args.gpu_kv_gb,
+                      cpu_kv_gb=args.cpu_kv_gb, slo_tpot_ms=args.slo_tpot_ms, slo_metric=args.slo_metric,
+                      systems=systems, attention=args.attention, config=args.config, sets=args.sets,
+                      max_concurrency=args.max_concurrency, rel_tol=args.rel_tol, out_dir=args.out,
+                      progress=True)
+    print_plan(result)
+    return 0
