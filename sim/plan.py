@@ -22,8 +22,8 @@ from pathlib import Path
 
 INV_PHI = (math.sqrt(5) - 1) / 2
 CONCURRENCY_KEY = "workload.max_concurrency"
-# plan flag -> config key of the simulator (per-GPU KV budgets)
-BUDGET_KEYS = {"gpu_kv_gb": "budget.gpu_kv_gb", "cpu_kv_gb": "budget.cpu_kv_gb"}
+# plan flag (GB per GPU) -> the simulator's config key (bytes per GPU)
+BUDGET_KEYS = {"gpu_kv_gb": "memory.gpu_kv_bytes_per_gpu", "cpu_kv_gb": "memory.cpu_kv_bytes_per_gpu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +149,7 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
                                f"hardware.num_gpus={num_gpus}", f"attention={attention}"]
     for flag, value in (("gpu_kv_gb", gpu_kv_gb), ("cpu_kv_gb", cpu_kv_gb)):
         if value is not None:
-            base.append(_override(BUDGET_KEYS[flag], value))
+            base.append(_override(BUDGET_KEYS[flag], float(value) * 1e9))
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {"model": model, "hardware": hardware, "num_gpus": num_gpus, "attention": attention,
             "gpu_kv_gb": gpu_kv_gb, "cpu_kv_gb": cpu_kv_gb, "slo_tpot_ms": slo_tpot_ms, "slo_metric": slo_metric,

@@ -1,0 +1,129 @@
+"""Find and load result files under a directory: sweep tables, replay metrics.json, plan.json, hw validate.json.
+
+Only pandas and the standard library: reports read what the tools wrote and never re-run or import them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+
+SWEEP_TABLE = "results.parquet"
+SWEEP_CSV = "results.csv"
+
+
+@dataclasses.dataclass
+class Results:
+    root: Path
+    runs: pd.DataFrame  # one row per replay: metrics + config columns (dotted names), `source`, `status`
+    plans: list[dict]  # plan.json contents (+ "_path")
+    validations: list[dict]  # validate.json contents (+ "_path")
+    sources: list[str]  # files read, relative to root
+    notes: list[str]  # files found but not readable
+
+
+def _read_json(path: Path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        elif isinstance(value, (list, tuple)):
+            out[f"{prefix}{key}"] = json.dumps(value)
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _replay_row(metrics_path: Path) -> dict:
+    """A standalone replay dir: metrics.json, plus config.json when the replay wrote one (flattened)."""
+    metrics = _read_json(metrics_path)
+    if not isinstance(metrics, dict):
+        raise ValueError("metrics.json is not an object")
+    row = {}
+    for name in ("config.json", "resolved_config.json"):
+        cfg = metrics_path.parent / name
+        if cfg.exists():
+            row.update(_flatten(_read_json(cfg)))
+    for key in ("config", "resolved_config"):
+        if isinstance(metrics.get(key), dict):
+            row.update(_flatten(metrics[key]))
+    row.update({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in metrics.items()
+                if k not in ("config", "resolved_config")})
+    row.setdefault("status", "ok")
+    return row
+
+
+def _under(path: Path, dirs: list[Path]) -> bool:
+    return any(d == path or d in path.parents for d in dirs)
+
+
+def collect(root) -> Results:
+    """Walk `root` and load every result file; raises ValueError when the dir is missing or holds none."""
+    root = Path(root)
+    if not root.exists():
+        raise ValueError(f"{root}: result dir not found")
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a directory")
+    frames, plans, validations, sources, notes = [], [], [], [], []
+
+    sweep_dirs = sorted({p.parent for p in root.rglob(SWEEP_TABLE)} | {p.parent for p in root.rglob(SWEEP_CSV)})
+    for d in sweep_dirs:
+        try:
+            df = pd.read_parquet(d / SWEEP_TABLE) if (d / SWEEP_TABLE).exists() else pd.read_csv(d / SWEEP_CSV)
+        except Exception as exc:  # noqa: BLE001 - a broken file is reported, not fatal
+            notes.append(f"{d.relative_to(root)}: unreadable results table ({type(exc).__name__})")
+            continue
+        df = df.copy()
+        df["source"] = str(d.relative_to(root)) or "."
+        frames.append(df)
+        sources.append(str((d / SWEEP_TABLE).relative_to(root)))
+
+    plan_dirs = []
+    for path in sorted(root.rglob("plan.json")):
+        try:
+            plan = _read_json(path)
+            if not isinstance(plan, dict) or "systems" not in plan:
+                raise ValueError("no 'systems'")
+        except (OSError, ValueError) as exc:
+            notes.append(f"{path.relative_to(root)}: not a plan file ({exc})")
+            continue
+        plan["_path"] = str(path.relative_to(root))
+        plans.append(plan)
+        plan_dirs.append(path.parent)
+        sources.append(plan["_path"])
+
+    rows = []
+    for path in sorted(root.rglob("metrics.json")):
+        if _under(path.parent, sweep_dirs + plan_dirs):  # counted through their table / plan.json
+            continue
+        try:
+            row = _replay_row(path)
+        except (OSError, ValueError) as exc:
+            notes.append(f"{path.relative_to(root)}: unreadable metrics ({exc})")
+            continue
+        row["source"] = str(path.parent.relative_to(root)) or "."
+        rows.append(row)
+        sources.append(str(path.relative_to(root)))
+    if rows:
+        frames.append(pd.DataFrame(rows))
+
+    for path in sorted(root.rglob("validate.json")):
+        try:
+            data = _read_json(path)
+        except (OSError, ValueError) as exc:
+            notes.append(f"{path.relative_to(root)}: unreadable ({exc})")
+            continue
+        validations.append({"_path": str(path.relative_to(root)), "data": data})
+        sources.append(str(path.relative_to(root)))
+
+    if not sources:
+        raise ValueError(f"{root}: no result files found (results.parquet, metrics.json, plan.json, validate.json)")
+    runs = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+    return Results(root, runs, plans, validations, sources, notes)

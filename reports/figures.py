@@ -1,0 +1,391 @@
+"""The report's figures. Each takes the prepared runs table (and the raw Results) and returns a `Figure`, or raises
+`Skip` with the reason when its data is absent; nothing is ever plotted from numbers not found in result files."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from reports.frame import Skip, X, config_columns, facets, fmt_value, need, pin, series_order  # noqa: E402
+
+COLORS = {"sglang": "#1f77b4", "hisparse": "#ff7f0e", "ulacache": "#2ca02c", "ulacache (GPU+CPU)": "#2ca02c",
+          "ulacache (GPU only)": "#9467bd", "pb-lru": "#2ca02c", "lru": "#8c564b"}
+
+
+@dataclasses.dataclass
+class Figure:
+    key: str
+    title: str
+    png: str | None  # file name beside index.html
+    caption: str
+    table: pd.DataFrame | None = None
+
+
+def _color(label: str, i: int) -> str:
+    return COLORS.get(label, plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10])
+
+
+def _grid(n: int, w: float = 5.2, h: float = 4.0):
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows + 0.6), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _save(fig, out_dir: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
+def _pins(notes: list[str]) -> str:
+    return f" Fixed for this figure: {'; '.join(notes)}." if notes else ""
+
+
+# ---------------------------------------------------------------------------------------------- 1. throughput
+def throughput_vs_concurrency(df, res, out_dir):
+    need(df, [X, "decode_throughput_tok_s"], "throughput-vs-concurrency runs")
+    sub, notes = pin(df, keep=(X, "system", "cpu_storage", "attention", "hardware.preset", "spec.draft_tokens",
+                               "model.preset"), prefer={"policy": "pb-lru"})
+    groups = facets(sub)
+    fig, axes = _grid(len(groups))
+    for ax, (title, g) in zip(axes, groups):
+        for i, label in enumerate(series_order(g["variant"])):
+            s = g[g["variant"] == label].groupby(X).agg(thr=("decode_throughput_tok_s", "mean"),
+                                                        adm=("max_admitted_concurrency", "max")).reset_index()
+            color = _color(label, i)
+            ax.plot(s[X], s["thr"], "-o", color=color, label=label)
+            capped = s[s["adm"] < s[X]]
+            if len(capped):
+                ax.scatter(capped[X], capped["thr"], s=90, facecolors="none", edgecolors="red", zorder=4,
+                           label="admission-limited" if i == 0 else None)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency cap (requests)")
+        ax.set_ylabel("decode throughput (tokens/s)")
+        ax.set_title(title or "all runs", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Decode throughput vs concurrency per system")
+    png = _save(fig, out_dir, "throughput_vs_concurrency.png")
+    return Figure("throughput", "Decode throughput vs concurrency", png,
+                  "Mean decode throughput per concurrency cap (workload.max_concurrency); red rings mark caps the "
+                  "system could not admit (admitted concurrency below the cap)." + _pins(notes))
+
+
+# ---------------------------------------------------------------------------------------------- 2. speedups
+def peak_speedups(df, res, out_dir):
+    need(df, ["decode_throughput_tok_s"], "throughput results")
+    sub, notes = pin(df, keep=(X, "system", "cpu_storage", "attention", "hardware.preset", "spec.draft_tokens",
+                               "model.preset"), prefer={"policy": "pb-lru"})
+    rows = []
+    for title, g in facets(sub):
+        ref = g[g["system"] == "hisparse"]["decode_throughput_tok_s"].max()
+        for label in series_order(g["variant"]):
+            s = g[g["variant"] == label]
+            best = s.loc[s["decode_throughput_tok_s"].idxmax()]
+            rows.append({"setting": title, "system": label, "peak_tok_s": best["decode_throughput_tok_s"],
+                         "at_concurrency_cap": best.get(X), "admitted": best.get("max_admitted_concurrency"),
+                         "tpot_ms_p50": best.get("tpot_ms_p50"),
+                         "speedup_vs_hisparse": best["decode_throughput_tok_s"] / ref if ref and ref > 0 else None})
+    table = pd.DataFrame(rows)
+    if table["speedup_vs_hisparse"].isna().all():
+        raise Skip("no HiSparse runs to compare against")
+    settings = list(dict.fromkeys(table["setting"]))
+    fig, axes = _grid(len(settings), w=5.0, h=3.8)
+    for ax, setting in zip(axes, settings):
+        t = table[table["setting"] == setting]
+        bars = ax.bar(t["system"], t["peak_tok_s"], color=[_color(s, i) for i, s in enumerate(t["system"])],
+                      label=[f"{s}" for s in t["system"]])
+        for bar, sp in zip(bars, t["speedup_vs_hisparse"]):
+            if sp is not None and not pd.isna(sp):
+                ax.annotate(f"{sp:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=9)
+        ax.set_ylabel("peak decode throughput (tokens/s)")
+        ax.set_xlabel("system")
+        ax.set_title(setting or "all runs", fontsize=10)
+        ax.tick_params(axis="x", labelsize=8, rotation=15)
+        ax.legend(fontsize=7)
+        ax.margins(y=0.15)
+    fig.suptitle("Peak decode throughput per system (labels: speedup over HiSparse)")
+    png = _save(fig, out_dir, "peak_speedups.png")
+    return Figure("speedups", "Peak-throughput speedups over HiSparse", png,
+                  "Peak = the highest mean decode throughput over the concurrency caps run; speedup = peak / "
+                  "HiSparse's peak in the same setting." + _pins(notes), table)
+
+
+# ---------------------------------------------------------------------------------------------- 3. capacity
+def capacity(df, res, out_dir):
+    need(df, ["physical_kv_slots", "unique_history_positions", "max_admitted_concurrency"], "capacity metrics")
+    sub, notes = pin(df, keep=(X, "system", "cpu_storage", "attention", "hardware.preset", "spec.draft_tokens",
+                               "model.preset"), prefer={"policy": "pb-lru"})
+    rows = []
+    for title, g in facets(sub):
+        top = g[X].max() if X in g.columns else None
+        for label in series_order(g["variant"]):
+            s = g[g["variant"] == label]
+            s = s[s[X] == s[X].max()] if top is not None else s
+            rows.append({"setting": title, "system": label, "physical": s["physical_kv_slots"].mean(),
+                         "unique": s["unique_history_positions"].mean(),
+                         "admitted": s["max_admitted_concurrency"].max(), "cap": s[X].max() if X in s else None})
+    t = pd.DataFrame(rows)
+    settings = list(dict.fromkeys(t["setting"]))
+    fig, axes = plt.subplots(len(settings), 2, figsize=(12, 3.9 * len(settings) + 0.6), squeeze=False)
+    for (ax1, ax2), setting in zip(axes, settings):
+        f = t[t["setting"] == setting].reset_index(drop=True)
+        xs = list(range(len(f)))
+        ax1.bar([x - 0.2 for x in xs], f["physical"] / 1e6, width=0.4, color="#7f7f7f",
+                label="physical KV slots (all tiers, replicas, buffers)")
+        ax1.bar([x + 0.2 for x in xs], f["unique"] / 1e6, width=0.4, color="#2ca02c",
+                label="unique history positions")
+        for x, (p, u) in enumerate(zip(f["physical"], f["unique"])):
+            if p > 0:
+                ax1.annotate(f"{u / p:.0%} unique", (x, max(p, u) / 1e6), ha="center", va="bottom", fontsize=8)
+        ax1.set_xticks(xs, f["system"], fontsize=8)
+        ax1.set_ylabel("token slots at the peak (millions)")
+        ax1.set_xlabel("system")
+        ax1.set_title(f"Effective KV capacity vs physical slots ({setting})", fontsize=10)
+        ax1.legend(fontsize=8)
+        ax1.margins(y=0.18)
+        ax2.bar(xs, f["admitted"], color=[_color(s, i) for i, s in enumerate(f["system"])],
+                label="max admitted concurrency")
+        ax2.plot(xs, f["cap"], "r_", markersize=40, mew=2, label="concurrency cap")
+        ax2.set_xticks(xs, f["system"], fontsize=8)
+        ax2.set_ylabel("requests running at once")
+        ax2.set_xlabel("system")
+        ax2.set_title(f"Admitted concurrency at the largest cap run ({setting})", fontsize=10)
+        ax2.legend(fontsize=8)
+        ax2.margins(y=0.12)
+    fig.suptitle("KV capacity: unique history vs physical slots, and admitted concurrency")
+    png = _save(fig, out_dir, "capacity.png")
+    return Figure("capacity", "Effective KV capacity and admitted concurrency", png,
+                  "At each system's largest concurrency cap: physical token slots holding history KV at the peak "
+                  "(every tier and rank, replicas and buffer copies included) vs distinct (request, position) pairs "
+                  "stored, and the most requests admitted at once." + _pins(notes),
+                  t.rename(columns={"physical": "physical_kv_slots", "unique": "unique_history_positions",
+                                    "admitted": "max_admitted_concurrency", "cap": "concurrency_cap"}))
+
+
+# ---------------------------------------------------------------------------------------------- 4. batch-1 TPOT
+def batch1_tpot(df, res, out_dir):
+    need(df, ["tpot_ms_p50"], "TPOT results")
+    one = df[(df[X] == 1)] if X in df.columns else df.iloc[0:0]
+    if one.empty and "max_admitted_concurrency" in df.columns:
+        one = df[df["max_admitted_concurrency"] == 1]
+    if one.empty:
+        raise Skip("no runs at concurrency 1 (add workload.max_concurrency=1 to the grid)")
+    sub, notes = pin(one, keep=(X, "system", "cpu_storage", "attention", "hardware.preset", "spec.draft_tokens",
+                                "model.preset"), prefer={"policy": "pb-lru"})
+    groups = facets(sub)
+    fig, axes = _grid(len(groups), w=5.0, h=3.8)
+    for ax, (title, g) in zip(axes, groups):
+        labels = series_order(g["variant"])
+        vals = [g[g["variant"] == lab]["tpot_ms_p50"].mean() for lab in labels]
+        bars = ax.bar(labels, vals, color=[_color(s, i) for i, s in enumerate(labels)], label=labels)
+        for bar, v in zip(bars, vals):
+            ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+        ax.set_ylabel("TPOT p50 at batch 1 (ms)")
+        ax.set_xlabel("system")
+        ax.set_title(title or "all runs", fontsize=10)
+        ax.tick_params(axis="x", labelsize=8, rotation=15)
+        ax.legend(fontsize=7)
+        ax.margins(y=0.15)
+    fig.suptitle("Batch-1 time per output token per system")
+    png = _save(fig, out_dir, "batch1_tpot.png")
+    return Figure("tpot1", "Batch-1 TPOT per system", png,
+                  "Median time per output token with one request running (concurrency cap 1)." + _pins(notes))
+
+
+# ---------------------------------------------------------------------------------------------- 5. pb-lru vs lru
+def policy_hit_rate(df, res, out_dir):
+    need(df, ["gpu_hit_rate", "policy"], "GPU hit rates")
+    u = df[(df["system"] == "ulacache") & df["policy"].isin(["pb-lru", "lru"])]
+    others = [c for c in config_columns(u) if c != "policy"]
+    if not u.empty:  # keep settings that were run under both policies
+        key = pd.Series(["|".join(map(fmt_value, row)) for row in u[others].itertuples(index=False)],
+                        index=u.index)
+        u = u[u.groupby(key)["policy"].transform("nunique") == 2]
+    if u.empty:
+        raise Skip("needs ulacache runs with both policy=pb-lru and policy=lru under the same settings")
+    sub, notes = pin(u, keep=(X, "policy", "attention", "hardware.preset", "spec.draft_tokens", "model.preset"),
+                     prefer={"cpu_storage": True})
+    groups = facets(sub)
+    fig, axes = _grid(len(groups), w=5.4, h=3.8)
+    rows = []
+    for ax, (title, g) in zip(axes, groups):
+        p = g.groupby([X, "policy"])["gpu_hit_rate"].mean().unstack("policy")
+        p = p.dropna() if {"pb-lru", "lru"} <= set(p.columns) else p.iloc[0:0]
+        if p.empty:
+            ax.set_visible(False)
+            continue
+        xs = range(len(p))
+        for j, pol in enumerate(("pb-lru", "lru")):
+            ax.bar([x + (j - 0.5) * 0.4 for x in xs], 100 * p[pol], width=0.4, label=pol, color=_color(pol, j))
+        for x, (a, b) in enumerate(zip(p["pb-lru"], p["lru"])):
+            ax.annotate(f"{100 * (a - b):+.2f} pt", (x, 100 * max(a, b)), ha="center", va="bottom", fontsize=8)
+            rows.append({"setting": title, "concurrency_cap": p.index[x], "pb-lru_hit_pct": 100 * a,
+                         "lru_hit_pct": 100 * b, "difference_pt": 100 * (a - b)})
+        ax.set_xticks(list(xs), [str(int(v)) for v in p.index])
+        ax.set_xlabel("concurrency cap (requests)")
+        ax.set_ylabel("GPU hit rate (%)")
+        lo = 100 * min(p.min())
+        ax.set_ylim(max(0, lo - 10), 101)
+        ax.set_title(title or "ulacache", fontsize=10)
+        ax.legend(fontsize=8, loc="lower left")
+    if not rows:
+        raise Skip("no concurrency cap was run with both policies under the same settings")
+    fig.suptitle("GPU hit rate: bucketed PB-LRU vs exact LRU (ulacache)")
+    png = _save(fig, out_dir, "policy_hit_rate.png")
+    return Figure("policy", "GPU hit rate of pb-lru vs exact lru", png,
+                  "Share of selected KV references found on the GPU, same workload and pool, per policy; labels give "
+                  "PB-LRU minus LRU in percentage points." + _pins(notes), pd.DataFrame(rows))
+
+
+# ---------------------------------------------------------------------------------------------- 6. miss-ratio curve
+POOL_KEYS = (("ulacache.gpu_pool_slots", "GPU pool size per rank (token slots)", 1.0),
+             ("memory.gpu_kv_bytes_per_gpu", "GPU KV budget per GPU (GB)", 1e-9))
+
+
+def miss_ratio_curve(df, res, out_dir):
+    need(df, ["gpu_hit_rate"], "GPU hit rates")
+    u = df[df["system"] == "ulacache"]
+    for key, xlabel, scale in POOL_KEYS:
+        if key in u.columns and pd.to_numeric(u[key], errors="coerce").nunique() >= 2:
+            break
+    else:
+        raise Skip("needs ulacache runs at two or more GPU pool sizes (ulacache.gpu_pool_slots or "
+                   "memory.gpu_kv_bytes_per_gpu)")
+    u = u[pd.to_numeric(u[key], errors="coerce").notna()].copy()
+    u["pool"] = pd.to_numeric(u[key]) * scale
+    top = u[X].max() if X in u.columns else None
+    sub, notes = pin(u, keep=(key, "policy", "attention", "hardware.preset", "spec.draft_tokens", "model.preset"),
+                     prefer={X: top, "cpu_storage": True})
+    groups = facets(sub)
+    fig, axes = _grid(len(groups), w=5.6, h=4.0)
+    for ax, (title, g) in zip(axes, groups):
+        for j, pol in enumerate(sorted(g["policy"].dropna().unique(), key=lambda p: p != "pb-lru")):
+            s = g[g["policy"] == pol].groupby("pool")["gpu_hit_rate"].mean()
+            ax.plot(s.index, 100 * (1 - s.values), "-o", label=pol, color=_color(pol, j))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("GPU miss ratio (% of references)")
+        ax.set_title(title or "ulacache", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle("Miss-ratio curve over GPU pool size (ulacache)")
+    png = _save(fig, out_dir, "miss_ratio_curve.png")
+    return Figure("mrc", "Miss-ratio curve over GPU pool size", png,
+                  "1 - GPU hit rate of the selected KV references as the GPU pool grows, CPU storage holding the "
+                  "rest." + _pins(notes))
+
+
+# ---------------------------------------------------------------------------------------------- 7. sim vs hw
+PRED_KEYS = ("predicted_s", "sim_s", "predicted", "sim", "predicted_us", "sim_us", "predicted_ms", "sim_ms")
+MEAS_KEYS = ("measured_s", "hw_s", "measured", "hw", "measured_us", "hw_us", "measured_ms", "hw_ms")
+
+
+def _pairs(node, path=""):
+    """Yield (label, predicted, measured, unit) from any record in validate.json that holds both."""
+    if isinstance(node, dict):
+        pk = next((k for k in PRED_KEYS if isinstance(node.get(k), (int, float))), None)
+        mk = next((k for k in MEAS_KEYS if isinstance(node.get(k), (int, float))), None)
+        if pk and mk:
+            unit = pk.rsplit("_", 1)[1] if "_" in pk else node.get("unit", "")
+            label = str(node.get("name") or node.get("case") or node.get("kind") or path)
+            yield label, float(node[pk]), float(node[mk]), unit
+            return
+        for k, v in node.items():
+            yield from _pairs(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _pairs(v, path)
+
+
+def sim_vs_hw(df, res, out_dir):
+    pts = []
+    for v in res.validations:
+        for label, p, m, unit in _pairs(v["data"]):
+            pts.append({"file": v["_path"], "case": label, "predicted": p, "measured": m, "unit": unit})
+    if not pts:
+        raise Skip("no hw validate.json with predicted/measured pairs under this directory")
+    t = pd.DataFrame(pts)
+    fig, ax = plt.subplots(figsize=(6.2, 5.6))
+    for i, (unit, g) in enumerate(t.groupby("unit")):
+        ax.scatter(g["measured"], g["predicted"], label=f"cases ({unit or 'as recorded'})", alpha=0.8)
+    lo = min(t["measured"].min(), t["predicted"].min())
+    hi = max(t["measured"].max(), t["predicted"].max())
+    ax.plot([lo, hi], [lo, hi], "k--", label="y = x")
+    if lo > 0:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    unit = t["unit"].iloc[0] if t["unit"].nunique() == 1 else "mixed units"
+    ax.set_xlabel(f"measured on hardware ({unit})")
+    ax.set_ylabel(f"simulator prediction ({unit})")
+    ax.set_title("Simulator vs hardware (hw validate)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    png = _save(fig, out_dir, "sim_vs_hw.png")
+    t["error_pct"] = 100 * (t["predicted"] - t["measured"]) / t["measured"]
+    return Figure("simhw", "Simulator vs hardware", png,
+                  "Each point is one validated case: the simulator's predicted time vs the time measured on the GPU "
+                  "host.", t)
+
+
+# ---------------------------------------------------------------------------------------------- 8. plans
+def plans(df, res, out_dir):
+    if not res.plans:
+        raise Skip("no plan.json (run `ulacache plan ... --out DIR` inside this directory)")
+    out = []
+    for n, plan in enumerate(res.plans):
+        fig, ax = plt.subplots(figsize=(7.5, 4.6))
+        slo = plan.get("slo_tpot_ms")
+        rows = []
+        for i, (name, entry) in enumerate(plan["systems"].items()):
+            ev = [e for e in entry.get("evaluations", []) if e.get("ok")]
+            ev.sort(key=lambda e: e["concurrency"])
+            color = _color(name, i)
+            ax.plot([e["concurrency"] for e in ev], [e["throughput_tok_s"] for e in ev], "-", color=color,
+                    alpha=0.5)
+            ok = [e for e in ev if slo is None or e["tpot_ms"] <= slo]
+            bad = [e for e in ev if slo is not None and e["tpot_ms"] > slo]
+            ax.scatter([e["concurrency"] for e in ok], [e["throughput_tok_s"] for e in ok], color=color,
+                       label=f"{name}: meets SLO")
+            ax.scatter([e["concurrency"] for e in bad], [e["throughput_tok_s"] for e in bad], facecolors="none",
+                       edgecolors=color, label=f"{name}: misses SLO")
+            if entry.get("slo_edge"):
+                ax.axvspan(0.85, entry["slo_edge"], color=color, alpha=0.06)
+            best = entry.get("best")
+            if best:
+                ax.scatter([best["concurrency"]], [best["throughput_tok_s"]], marker="*", s=280, color=color,
+                           edgecolors="black", zorder=5)
+            rows.append({"system": name, "peak_tok_s": best["throughput_tok_s"] if best else None,
+                         "at_cap": best["concurrency"] if best else None,
+                         "admitted": best["admitted"] if best else None,
+                         "tpot_ms": best["tpot_ms"] if best else None,
+                         "speedup_vs_hisparse": entry.get("speedup_vs_hisparse"),
+                         "replays": entry.get("num_replays"), "search_stop": entry.get("reason")})
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency cap (requests)")
+        ax.set_ylabel("decode throughput (tokens/s)")
+        ax.set_title(f"Plan: {plan.get('model')} on {plan.get('num_gpus')}x{plan.get('hardware')} "
+                     f"({plan.get('attention')}), {plan.get('slo_metric')} <= {slo} ms\n"
+                     "shaded: caps meeting the SLO; star: chosen point", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        png = _save(fig, out_dir, f"plan_{n}.png")
+        out.append(Figure(f"plan{n}", f"Capacity plan ({plan['_path']})", png,
+                          "Concurrency caps the search evaluated (real replays), whether each met the TPOT SLO, "
+                          "and the chosen peak per system.", pd.DataFrame(rows)))
+    return out
+
+
+ALL = (throughput_vs_concurrency, peak_speedups, capacity, batch1_tpot, policy_hit_rate, miss_ratio_curve,
+       sim_vs_hw, plans)

@@ -1,0 +1,75 @@
+"""Assemble the static report: run every figure, write PNGs and one `index.html` beside them."""
+from __future__ import annotations
+
+import datetime as dt
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from reports.collect import collect
+from reports.figures import ALL, Figure
+from reports.frame import Skip, prepare
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+img{max-width:100%;border:1px solid #ddd}table{border-collapse:collapse;font-size:13px;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}
+.skip{color:#a60;background:#fff8e6;padding:.5em;border-left:4px solid #e9a400}.cap{color:#555;font-size:14px}
+code{background:#f4f4f4;padding:0 3px}"""
+
+
+def _table(df: pd.DataFrame) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            if pd.isna(v):
+                return "-"
+            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+        return str(v)
+
+    return df.to_html(index=False, escape=True, formatters={c: fmt for c in df.columns}, border=0)
+
+
+def build_report(result_dir, out_dir=None) -> Path:
+    """Read every result file under `result_dir`; write figures and index.html to `out_dir`
+    (default: RESULT_DIR/report); returns the index.html path."""
+    res = collect(result_dir)
+    out = Path(out_dir) if out_dir is not None else Path(result_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    df = prepare(res.runs)
+    sections = []
+    for fn in ALL:
+        try:
+            made = fn(df, res, out)
+        except Skip as exc:
+            name = fn.__name__.replace("_", " ")
+            sections.append(f'<h2>{html.escape(name)}</h2><p class="skip">Skipped: {html.escape(str(exc))}.</p>')
+            continue
+        for fig in made if isinstance(made, list) else [made]:
+            sections.append(_section(fig))
+    n_ok = int((res.runs.get("status", pd.Series(dtype=str)).fillna("ok") == "ok").sum()) if len(res.runs) else 0
+    n_err = len(res.runs) - n_ok
+    head = (f"<h1>UlaCache report</h1><p class='cap'>Built {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC} "
+            f"from <code>{html.escape(str(Path(result_dir).resolve()))}</code>: {len(res.runs)} replay runs "
+            f"({n_ok} ok, {n_err} failed), {len(res.plans)} plans, {len(res.validations)} hw validations. "
+            "Every number below comes from these result files.</p>")
+    errors = ""
+    if n_err:
+        bad = res.runs[res.runs["status"] != "ok"]
+        cols = [c for c in ("source", "point_id", "system", "error") if c in bad.columns]
+        errors = "<h2>Failed runs</h2>" + _table(bad[cols].head(50))
+    files = "".join(f"<li><code>{html.escape(s)}</code></li>" for s in res.sources[:200])
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in res.notes)
+    tail = f"<h2>Result files read</h2><ul>{files}</ul>" + (f"<h3>Not readable</h3><ul>{notes}</ul>" if notes else "")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>UlaCache report</title><style>{CSS}</style>"
+            f"</head><body>{head}{''.join(sections)}{errors}{tail}</body></html>")
+    index = out / "index.html"
+    tmp = out / ".index.html.tmp"
+    tmp.write_text(page)
+    tmp.replace(index)
+    return index
+
+
+def _section(fig: Figure) -> str:
+    img = f'<img src="{html.escape(fig.png)}" alt="{html.escape(fig.title)}">' if fig.png else ""
+    table = _table(fig.table) if fig.table is not None and len(fig.table) else ""
+    return f"<h2>{html.escape(fig.title)}</h2>{img}<p class='cap'>{html.escape(fig.caption)}</p>{table}"
