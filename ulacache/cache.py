@@ -1,0 +1,359 @@
+"""UlaCache: the facade of DESIGN §8 (allocation, sparse access -> plan -> commit, locate, payloads, stats).
+
+It validates input (bad input raises ValueError and changes nothing), runs the access pipeline (dedup -> translate
+-> policy: hits, recency, replacement, exchange plan -> TP local buffers), moves payload bytes at commit, and counts
+statistics. One plan may be pending at a time: between `access` and `commit` the mapping is unchanged, so `locate`
+and `read` return the old, valid places, and allocation, free, write and another access are refused.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from .backends import get_backend
+from .config import CacheConfig
+from .local_buffer import LocalBuffers
+from .plan import Plan
+from .policies import POLICIES
+
+STAT_KEYS = ("accesses", "replays", "references", "unique_references", "hits", "misses", "exchanges",
+             "local_hits", "peer_fetches", "h2d_rows", "d2h_rows", "peer_rows")
+
+
+def _int_array(values, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{what} must be an integer array, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{what} has values beyond int64")
+    return arr.astype(np.int64, copy=False)
+
+
+def _int_scalar(value, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return int(value)
+
+
+class UlaCache:
+    def __init__(self, config: CacheConfig):
+        if not isinstance(config, CacheConfig):
+            raise ValueError(f"UlaCache needs a CacheConfig, got {type(config).__name__}")
+        self.config = cfg = config
+        self.be = get_backend(cfg.backend)
+        self.policy = POLICIES[cfg.policy](cfg, self.be)
+        self.space = self.policy.space
+        self.tp = cfg.mode == "tp"
+        self.buffers = None
+        num_places = self.policy.num_places
+        if self.tp and self.policy.exclusive:
+            self.buffers = LocalBuffers(self.be, cfg.num_ranks, cfg.effective_local_buffer_slots, self.space.size,
+                                        self.space.slots_per_rank, base_place=num_places)
+            num_places += self.buffers.num_places
+        self._data = None
+        if cfg.payload_bytes:
+            self._data = np.zeros((num_places, cfg.payload_layers, cfg.payload_bytes), dtype=np.uint8)
+        self._pending: Plan | None = None
+        self._last: Plan | None = None
+        self._version = 0
+        self._stats: Counter = Counter()
+        self._row_bytes = cfg.effective_row_bytes
+
+    # -- validation helpers --------------------------------------------------------------------------------------------
+    def _idle(self, what: str) -> None:
+        if self._pending is not None:
+            raise ValueError(f"cannot {what} while a plan is pending; commit it first")
+
+    def _addresses(self, addrs, what: str, allow_padding: bool) -> np.ndarray:
+        a = _int_array(addrs, what).ravel()
+        if a.size:
+            lo, hi = int(a.min()), int(a.max())
+            floor = -1 if allow_padding else 0
+            if lo < floor:
+                raise ValueError(f"{what} holds {lo}: addresses are >= 0" + (" (-1 = padding)" if allow_padding else ""))
+            if hi >= self.space.size:
+                raise ValueError(f"{what} holds {hi}: beyond the address space of {self.space.size}")
+        return a
+
+    def _check_allocated(self, addrs: np.ndarray, places: np.ndarray, what: str) -> None:
+        bad = np.flatnonzero(places < 0)
+        if bad.size:
+            raise ValueError(f"{what} holds unallocated address {int(addrs[bad[0]])}")
+
+    def _rank(self, rank, what: str = "rank") -> int:
+        r = _int_scalar(rank, what)
+        if not 0 <= r < self.config.num_ranks:
+            raise ValueError(f"{what} {r} out of range: num_ranks is {self.config.num_ranks}")
+        return r
+
+    # -- allocation ----------------------------------------------------------------------------------------------------
+    def alloc(self, request_id: int, num_tokens: int, rank: int = 0) -> np.ndarray:
+        """int64 logical addresses of `num_tokens` new tokens of the request (prefill or decode)."""
+        return self.alloc_many([request_id], [num_tokens], [rank])
+
+    def alloc_many(self, request_ids, counts, ranks=None) -> np.ndarray:
+        """Allocate counts[i] tokens for request_ids[i] (on ranks[i] in DP; default 0); addresses concatenated in
+        request order. All or nothing: CapacityError (nothing changed) when any does not fit."""
+        self._idle("allocate")
+        ids = _int_array(request_ids, "request_ids").ravel()
+        counts = _int_array(counts, "counts").ravel()
+        ranks = np.zeros(ids.size, np.int64) if ranks is None else _int_array(ranks, "ranks").ravel()
+        if not (ids.size == counts.size == ranks.size):
+            raise ValueError(f"request_ids, counts and ranks differ in length ({ids.size}, {counts.size}, {ranks.size})")
+        if counts.size and counts.min() < 0:
+            raise ValueError(f"counts holds {int(counts.min())}: token counts are >= 0")
+        if ranks.size and (ranks.min() < 0 or ranks.max() >= self.config.num_ranks):
+            raise ValueError(f"ranks must be in [0, {self.config.num_ranks}), got {ranks.min()}..{ranks.max()}")
+        if np.unique(ids).size != ids.size:
+            raise ValueError("request_ids holds a request twice; allocate its tokens in one entry")
+        id_list = ids.tolist()
+        if not self.tp:
+            for rid, r in zip(id_list, ranks.tolist()):  # loop over requests (dict look-ups)
+                req = self.space.requests.get(rid)
+                if req is not None and req.rank != r:
+                    raise ValueError(f"request {rid} lives on rank {req.rank}, not rank {r}")
+        addrs = self.policy.alloc_many(id_list, counts, ranks, self.tp)
+        moves = self.policy.alloc_moves
+        if moves is not None and self._data is not None and moves[0].size:
+            self._data[moves[1]] = self._data[moves[0]]
+        return addrs
+
+    def free(self, request_id: int) -> None:
+        """Release every token of the request (its addresses may be reused later)."""
+        self._idle("free")
+        rid = _int_scalar(request_id, "request_id")
+        if rid not in self.space.requests:
+            raise ValueError(f"unknown request {rid}: not allocated or already freed")
+        addrs = self.space.requests[rid].addresses()
+        if self.buffers is not None:
+            self.buffers.invalidate(addrs)
+        self.policy.free(rid)
+
+    # -- access pipeline -----------------------------------------------------------------------------------------------
+    def access(self, selected, rank: int | None = None) -> Plan:
+        """Plan one access batch: int64 logical addresses of any shape, -1 = padding. In DP, `rank` (optional)
+        asserts the batch belongs to that rank; in TP every rank executes the batch and `rank` must be None."""
+        self._idle("start another access")
+        if self._data is not None and self._last is not None and len(self._last.layers_done) < self.config.payload_layers:
+            raise ValueError(
+                f"replay the last plan for all {self.config.payload_layers} payload layers before the next access"
+            )
+        flat = self._addresses(selected, "selected", allow_padding=True)
+        if rank is not None:
+            if self.tp:
+                raise ValueError("rank must be None in TP mode: every rank executes the batch")
+            rank = self._rank(rank)
+        be = self.be
+        uniq, marker = be.dedup(be.asarray(flat), be.asarray(self.space.marker))
+        self.space.marker = be.to_numpy(marker)
+        uniq = be.to_numpy(uniq)
+        places = be.to_numpy(be.gather(be.asarray(self.space.phys), be.asarray(uniq)))
+        self._check_allocated(uniq, places, "selected")
+        if rank is not None and uniq.size:
+            homes = self.space.home(uniq[[0, -1]])
+            if homes[0] != rank or homes[1] != rank:
+                raise ValueError(f"selected holds addresses of another rank than {rank}")
+        num_refs = int(flat.size - np.count_nonzero(flat == -1))
+        plan = Plan(version=self._version, now=self.policy.step + 1, addrs=uniq, num_refs=num_refs,
+                    num_unique=int(uniq.size))
+        self.policy.access(plan, places)
+        if self.buffers is not None:
+            self.buffers.plan(plan, places)
+        else:
+            plan.peer_rows_per_rank = np.zeros(self.config.num_ranks, dtype=np.int64)
+        self._pending = plan
+        return plan
+
+    def commit(self, plan: Plan) -> None:
+        """Complete the plan's transfers (payload bytes of layer 0), then update the mappings."""
+        if not isinstance(plan, Plan):
+            raise ValueError(f"commit needs a Plan, got {type(plan).__name__}")
+        if plan is not self._pending:
+            raise ValueError("this plan is not the pending one (already committed, or planned on an older state)")
+        self._move(plan, 0)
+        self.policy.commit(plan)
+        if self.buffers is not None:
+            self.buffers.commit(plan)
+        plan.committed = True
+        plan.layers_done = {0}
+        self._pending, self._last = None, plan
+        self._version += 1
+        s = self._stats
+        s["accesses"] += 1
+        s["references"] += plan.num_refs
+        s["unique_references"] += plan.num_unique
+        s["hits"] += plan.num_hits
+        s["misses"] += plan.num_misses
+        s["local_hits"] += plan.num_local_hits
+        self._count_transfers(plan)
+
+    def replay(self, plan: Plan, layer: int | None = None) -> None:
+        """Re-apply the transfers of the last committed plan for another layer of its indexer group (IndexShare).
+        In payload mode this moves `layer`'s bytes (default: the next layer not yet moved)."""
+        if not isinstance(plan, Plan):
+            raise ValueError(f"replay needs a Plan, got {type(plan).__name__}")
+        if plan is not self._last or not plan.committed:
+            raise ValueError("replay needs the most recently committed plan")
+        if self._data is not None:
+            todo = [i for i in range(self.config.payload_layers) if i not in plan.layers_done]
+            if layer is None:
+                if not todo:
+                    raise ValueError(f"every one of the {self.config.payload_layers} payload layers was moved already")
+                layer = todo[0]
+            layer = _int_scalar(layer, "layer")
+            if layer not in todo:
+                raise ValueError(f"layer {layer} is not a payload layer left to replay (left: {todo})")
+            self._move(plan, layer)
+            plan.layers_done.add(layer)
+        self._stats["replays"] += 1
+        self._count_transfers(plan)
+
+    def _move(self, plan: Plan, layer: int) -> None:
+        if self._data is None or plan.move_src.size == 0:
+            return
+        be, data = self.be, self._data[:, layer, :]
+        rows = be.to_numpy(be.gather_rows(be.asarray(data), be.asarray(plan.move_src)))  # all reads first
+        self._data[:, layer, :] = be.to_numpy(be.scatter_rows(be.asarray(data), be.asarray(plan.move_dst), rows))
+
+    def _count_transfers(self, plan: Plan) -> None:
+        s, rb = self._stats, self._row_bytes
+        s["exchanges"] += plan.num_exchanges
+        s["peer_fetches"] += plan.num_peer_fetches
+        for link in ("h2d", "d2h", "peer"):
+            rows = getattr(plan, f"{link}_rows")
+            s[f"{link}_rows"] += rows
+            s[f"{link}_bytes"] += rows * rb
+
+    # -- queries -------------------------------------------------------------------------------------------------------
+    def locate(self, addrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tier int8: 0 GPU / 1 CPU, rank, slot) of each address's current place (hisparse: its CPU entry)."""
+        a = self._addresses(addrs, "addrs", allow_padding=False)
+        places = self.space.phys[a]
+        self._check_allocated(a, places, "addrs")
+        pol = self.policy
+        on_cpu = places >= pol.num_gpu_places
+        cpu_local = places - pol.num_gpu_places
+        cs = max(self.config.cpu_slots, 1)
+        rank = np.where(on_cpu, cpu_local // cs, places // pol.gpu_seg)
+        slot = np.where(on_cpu, cpu_local % cs, places % pol.gpu_seg)
+        shape = np.shape(addrs)
+        return on_cpu.astype(np.int8).reshape(shape), rank.reshape(shape), slot.reshape(shape)
+
+    def num_free_slots(self, tier: int | None = None, rank: int | None = None) -> int:
+        """Free token slots: tier 0 GPU, 1 CPU, None = logical slots a new token can take (GPU + CPU for pb-lru/lru,
+        CPU for hisparse, whose GPU slots are per-request buffers). rank None = all ranks."""
+        return self._slots(self.policy.free_slots(), tier, rank)
+
+    def capacity_slots(self, tier: int | None = None, rank: int | None = None) -> int:
+        """Total token slots, same conventions as num_free_slots."""
+        return self._slots(self.policy.capacity(), tier, rank)
+
+    def _slots(self, gc, tier, rank) -> int:
+        g, c = gc
+        if tier is None:
+            per = g + c if self.policy.exclusive else c
+        elif tier in (0, 1) and not isinstance(tier, bool):
+            per = (g, c)[tier]
+        else:
+            raise ValueError(f"tier must be 0 (GPU), 1 (CPU) or None, got {tier!r}")
+        if rank is None:
+            return int(per.sum()) if (self.policy.exclusive or not self.tp) else int(per[0])
+        return int(per[self._rank(rank)])
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.space.requests)
+
+    def request_addresses(self, request_id: int) -> np.ndarray:
+        rid = _int_scalar(request_id, "request_id")
+        if rid not in self.space.requests:
+            raise ValueError(f"unknown request {rid}")
+        return self.space.requests[rid].addresses().copy()
+
+    def stats(self) -> dict:
+        """Cumulative counters over committed plans (replays add their transfers), bytes = rows x row_bytes."""
+        out = {k: int(self._stats.get(k, 0)) for k in STAT_KEYS}
+        for link in ("h2d", "d2h", "peer"):
+            out[f"{link}_bytes"] = int(self._stats.get(f"{link}_bytes", 0))
+        out["hit_rate"] = out["hits"] / out["unique_references"] if out["unique_references"] else 0.0
+        out["row_bytes"] = self._row_bytes
+        out["allocated_slots"] = int(self.space.num_allocated)
+        out["requests"] = self.num_requests
+        return out
+
+    # -- payloads ------------------------------------------------------------------------------------------------------
+    def _payload_places(self, addrs, what: str) -> tuple[np.ndarray, np.ndarray]:
+        if self._data is None:
+            raise ValueError("payloads need payload_bytes > 0 in the CacheConfig")
+        a = self._addresses(addrs, what, allow_padding=False)
+        places = self.space.phys[a]
+        self._check_allocated(a, places, what)
+        return a, places
+
+    def _layer(self, layer) -> int:
+        layer = _int_scalar(layer, "layer")
+        if not 0 <= layer < self.config.payload_layers:
+            raise ValueError(f"layer {layer} out of range: payload_layers is {self.config.payload_layers}")
+        return layer
+
+    def read(self, addrs, layer: int = 0) -> np.ndarray:
+        """uint8 (len(addrs), payload_bytes): the bytes at each address's current (valid) place."""
+        _, places = self._payload_places(addrs, "addrs")
+        return self._data[places, self._layer(layer)].copy()
+
+    def write(self, addrs, payload, layer: int = 0) -> None:
+        """Store bytes for addresses (and refresh every cached copy of them)."""
+        self._idle("write")
+        a, places = self._payload_places(addrs, "addrs")
+        layer = self._layer(layer)
+        p = np.asarray(payload)
+        if p.dtype != np.uint8 or p.shape != (a.size, self.config.payload_bytes):
+            raise ValueError(f"payload must be uint8 of shape ({a.size}, {self.config.payload_bytes}), "
+                             f"got {p.dtype} {p.shape}")
+        if np.unique(a).size != a.size:
+            raise ValueError("addrs holds an address twice")
+        self._data[places, layer] = p
+        for idx, copies in self._copies(a):
+            self._data[copies, layer] = p[idx]
+
+    def _copies(self, a: np.ndarray):
+        """(index into a, places) of GPU copies that duplicate the authoritative entries."""
+        if self.buffers is not None:
+            yield self.buffers.copies(a)
+        slot_of = getattr(self.policy, "slot_of", None)
+        if slot_of is not None:
+            g = slot_of[a]
+            held = np.flatnonzero(g >= 0)
+            yield held, g[held]
+
+    def read_local(self, addrs, rank: int, layer: int = 0) -> np.ndarray:
+        """TP: the bytes rank `rank` computes with: its own pool for entries homed there, else its local-buffer copy.
+        ValueError if a remote entry has no copy in the rank's buffer."""
+        if self.buffers is None:
+            raise ValueError("read_local needs mode 'tp' with policy pb-lru or lru")
+        a, places = self._payload_places(addrs, "addrs")
+        r = self._rank(rank)
+        remote = self.space.home(a) != r
+        bs = self.buffers.map[r][a]
+        if (remote & (bs < 0)).any():
+            raise ValueError(f"address {int(a[remote & (bs < 0)][0])} has no copy in rank {r}'s local buffer")
+        src = np.where(remote, self.buffers.base + r * self.buffers.seg + bs, places)
+        return self._data[src, self._layer(layer)].copy()
+
+    # -- checks --------------------------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """AssertionError naming the first broken invariant: mapping bijective, pools conserved, buckets exact,
+        copies (hisparse buffers, TP local buffers) identical to their authoritative entries in payload mode."""
+        self.policy.check_invariants()
+        if self.buffers is not None:
+            self.buffers.check(self.space.phys)
+        if self._data is not None:
+            a = np.flatnonzero(self.space.phys >= 0)
+            for idx, copies in self._copies(a):
+                for layer in sorted(self._last.layers_done if self._last else {0}):
+                    assert (self._data[copies, layer] == self._data[self.space.phys[a[idx]], layer]).all(), \
+                        "a cached copy differs from its entry"
+
+
+__all__ = ["UlaCache"]

@@ -1,0 +1,61 @@
+"""Plan: the outcome of one sparse access batch, applied by `UlaCache.commit` and re-applied by `replay`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Plan:
+    """Counts are per whole plan (unique references, rows = token rows of one layer); per-rank arrays are
+    int64[num_ranks]. Rows on a link: h2d = CPU -> GPU promotions, d2h = GPU -> CPU (victims written out, plus KV
+    of tokens allocated into / backed up to the CPU tier since the previous access), peer = GPU -> GPU fetches into
+    TP local buffers, counted at the receiving rank. Byte counts are rows x row bytes."""
+
+    version: int
+    now: int
+    addrs: np.ndarray  # the batch's distinct addresses, ascending
+    num_refs: int = 0
+    num_unique: int = 0
+    num_hits: int = 0
+    num_misses: int = 0
+    num_exchanges: int = 0
+    num_local_hits: int = 0
+    num_peer_fetches: int = 0
+    h2d_rows_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    d2h_rows_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    peer_rows_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Row moves over unified places (GPU, CPU, TP local-buffer places); every source is read before any write.
+    move_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    move_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    policy_state: Any = None  # what the policy applies at commit
+    buffer_state: Any = None  # what the TP local buffers apply at commit
+    committed: bool = False
+    layers_done: set = field(default_factory=set)
+
+    @property
+    def h2d_rows(self) -> int:
+        return int(self.h2d_rows_per_rank.sum())
+
+    @property
+    def d2h_rows(self) -> int:
+        return int(self.d2h_rows_per_rank.sum())
+
+    @property
+    def peer_rows(self) -> int:
+        return int(self.peer_rows_per_rank.sum())
+
+    def counts(self) -> dict[str, int]:
+        """The plan's counts as a plain dict (for logs and the simulator)."""
+        keys = ("num_refs", "num_unique", "num_hits", "num_misses", "num_exchanges", "num_local_hits",
+                "num_peer_fetches", "h2d_rows", "d2h_rows", "peer_rows")
+        return {k: int(getattr(self, k)) for k in keys}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self.counts().items())
+        return f"Plan(now={self.now}, {inner}, committed={self.committed})"
+
+
+__all__ = ["Plan"]

@@ -1,0 +1,231 @@
+"""Shared machinery of the exclusive-tier policies (pb-lru, lru): an entry lives in exactly one tier of its home rank.
+
+Capacity per rank is gpu_slots + cpu_slots. New tokens go GPU-first. An access batch's misses are promoted into
+replacement GPU slots chosen by the subclass (`_select`); a slot's victim moves to the CPU slot the incoming entry
+vacates (a swap, DESIGN §4). Nothing changes until `commit`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..address_space import AddressSpace, water_fill
+from ..errors import CapacityError
+from ..plan import Plan
+from ..pools import CpuPools, GpuPools
+
+
+def interleave(quota: np.ndarray) -> np.ndarray:
+    """Rank sequence holding rank r quota[r] times, round-robin (0, 1, .., 0, 1, ..) while quotas last."""
+    seq = np.repeat(np.arange(quota.size, dtype=np.int64), quota)
+    start = np.cumsum(quota) - quota
+    occurrence = np.arange(seq.size) - start[seq]
+    return seq[np.argsort(occurrence * quota.size + seq, kind="stable")]
+
+
+@dataclass
+class ExchangeState:
+    """What commit applies for an exclusive policy."""
+
+    hit_places: np.ndarray
+    miss_addrs: np.ndarray
+    miss_src: np.ndarray  # CPU places the misses leave (victims go there)
+    dests: np.ndarray  # GPU places the misses go to
+    victims: np.ndarray  # previous owner of each dest, -1 = the slot was free
+    selection: object  # policy-specific post-access bookkeeping
+
+
+class ExclusivePolicy:
+    exclusive = True
+
+    def __init__(self, cfg, be):
+        self.cfg, self.be = cfg, be
+        R = cfg.num_ranks
+        self.gpu = GpuPools(R, cfg.gpu_slots)
+        self.cpu = CpuPools(R, cfg.cpu_slots, base=self.gpu.num_places)
+        self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots)
+        self.num_places = self.gpu.num_places + self.cpu.num_places
+        self.step = 0  # committed access batches
+        self.pending_d2h = np.zeros(R, dtype=np.int64)  # rows allocated into the CPU tier since the last access
+        self.num_gpu_places, self.gpu_seg = self.gpu.num_places, self.gpu.seg
+        self.alloc_moves = None
+
+    # -- capacity ------------------------------------------------------------------------------------------------------
+    def free_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """(GPU free per rank, CPU free per rank) in logical token slots."""
+        return self.gpu.num_free.copy(), self.cpu.num_free()
+
+    def capacity(self) -> tuple[np.ndarray, np.ndarray]:
+        R = self.cfg.num_ranks
+        return np.full(R, self.cfg.gpu_slots, np.int64), np.full(R, self.cfg.cpu_slots, np.int64)
+
+    # -- allocation ----------------------------------------------------------------------------------------------------
+    def alloc_many(self, request_ids: list[int], counts: np.ndarray, ranks: np.ndarray, tp: bool) -> np.ndarray:
+        be, R = self.be, self.cfg.num_ranks
+        gfree, cfree = self.free_slots()
+        n = int(counts.sum())
+        if tp:
+            if n > gfree.sum() + cfree.sum():
+                raise CapacityError(f"cannot allocate {n} tokens: {int(gfree.sum() + cfree.sum())} slots free over all ranks")
+            g_take = water_fill(gfree, min(n, int(gfree.sum())))
+            c_take = water_fill(cfree, n - int(g_take.sum()))
+            tok_rank = np.concatenate([interleave(g_take), interleave(c_take)])
+            tok_gpu = np.arange(n) < g_take.sum()
+        else:
+            tok_rank = np.repeat(ranks, counts)
+            need = np.bincount(tok_rank, minlength=R)
+            short = np.flatnonzero(need > gfree + cfree)
+            if short.size:
+                r = int(short[0])
+                raise CapacityError(f"cannot allocate {int(need[r])} tokens on rank {r}: {int(gfree[r] + cfree[r])} slots free")
+            tok_gpu = np.zeros(n, dtype=bool)
+        addrs = np.empty(n, dtype=np.int64)
+        places = np.empty(n, dtype=np.int64)
+        g_counts = np.zeros(R, dtype=np.int64)
+        for r in range(R):  # loop over ranks
+            idx = np.flatnonzero(tok_rank == r)
+            if idx.size == 0:
+                continue
+            addrs[idx] = self.space.ids[r].pop(idx.size)
+            if not tp:
+                tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
+            g_counts[r] = int(tok_gpu[idx].sum())
+            ci = idx[~tok_gpu[idx]]
+            places[ci] = self.cpu.free[r].pop(ci.size)
+            self.pending_d2h[r] += ci.size
+        gi = np.flatnonzero(tok_gpu)
+        gi = gi[np.argsort(tok_rank[gi], kind="stable")]  # grouped by rank, like select_first's output
+        summary = be.summary(be.asarray(self.gpu.free_bm))
+        gslots, _ = be.select_first(be.asarray(self.gpu.free_bm), summary, self.gpu.seg, be.asarray(g_counts))
+        gslots = be.to_numpy(gslots)
+        places[gi] = gslots
+        self.gpu.free_bm = be.to_numpy(be.bitmap_clear(be.asarray(self.gpu.free_bm), be.asarray(gslots)))
+        self.gpu.num_free -= g_counts
+        self.gpu.owner[gslots] = addrs[gi]
+        self.gpu.stamps[gslots] = self.step
+        self._on_alloc(gslots)
+        self.space.phys[addrs] = places
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
+            req = self.space.request(rid, int(ranks[i]) if not tp else 0)
+            self.space.register(rid, req, addrs[offsets[i]:offsets[i + 1]])
+        return addrs
+
+    # -- access --------------------------------------------------------------------------------------------------------
+    def access(self, plan: Plan, places: np.ndarray) -> None:
+        be, R, gpu = self.be, self.cfg.num_ranks, self.gpu
+        uniq, now = plan.addrs, plan.now
+        hit = be.to_numpy(be.hit_mask(be.asarray(places), gpu.num_places))
+        hit_places = places[hit]
+        miss = ~hit
+        miss_addrs, miss_src = uniq[miss], places[miss]
+        miss_rank = self.cpu.rank_of(miss_src)
+        if R > 1:
+            order = np.argsort(miss_rank, kind="stable")
+            miss_addrs, miss_src, miss_rank = miss_addrs[order], miss_src[order], miss_rank[order]
+        m_counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
+        h_counts = np.bincount(gpu.rank_of(hit_places), minlength=R).astype(np.int64)
+        over = np.flatnonzero(m_counts + h_counts > self.cfg.gpu_slots)
+        if over.size:
+            r = int(over[0])
+            raise CapacityError(
+                f"access batch needs {int(m_counts[r] + h_counts[r])} distinct entries in rank {r}'s GPU pool "
+                f"of {self.cfg.gpu_slots} slots"
+            )
+        dests, selection = self._select(hit_places, m_counts, now)
+        victims = gpu.owner[dests]
+        has_v = victims >= 0
+        v_dest = dests[has_v]
+        plan.num_hits, plan.num_misses = int(hit_places.size), int(miss_addrs.size)
+        plan.num_exchanges = int(v_dest.size)
+        plan.h2d_rows_per_rank = m_counts
+        plan.d2h_rows_per_rank = np.bincount(gpu.rank_of(v_dest), minlength=R).astype(np.int64) + self.pending_d2h
+        plan.move_src = np.concatenate([miss_src, v_dest])
+        plan.move_dst = np.concatenate([dests, miss_src[has_v]])
+        plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, selection)
+
+    def commit(self, plan: Plan) -> None:
+        st, gpu, space, now = plan.policy_state, self.gpu, self.space, plan.now
+        has_v = st.victims >= 0
+        space.phys[st.miss_addrs] = st.dests
+        space.phys[st.victims[has_v]] = st.miss_src[has_v]
+        gpu.owner[st.dests] = st.miss_addrs
+        self.cpu.release(st.miss_src[~has_v])
+        gpu.num_free -= np.bincount(gpu.rank_of(st.dests[~has_v]), minlength=self.cfg.num_ranks)
+        gpu.stamps[st.hit_places] = now
+        gpu.stamps[st.dests] = now
+        self._apply(st.selection)
+        self.pending_d2h[:] = 0
+        self.step = now
+        self._rotate(now + 1)
+
+    # -- free ----------------------------------------------------------------------------------------------------------
+    def free(self, request_id: int) -> np.ndarray:
+        be, gpu, space = self.be, self.gpu, self.space
+        addrs = space.requests[request_id].addresses()
+        places = space.phys[addrs]
+        on_gpu = places < gpu.num_places
+        g, c = places[on_gpu], places[~on_gpu]
+        self._on_release(g)
+        gpu.owner[g] = -1
+        gpu.free_bm = be.to_numpy(be.bitmap_set(be.asarray(gpu.free_bm), be.asarray(g)))
+        gpu.num_free += np.bincount(gpu.rank_of(g), minlength=self.cfg.num_ranks)
+        self.cpu.release(c)
+        space.release(request_id)
+        return addrs
+
+    # -- checks --------------------------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        gpu, space, cfg = self.gpu, self.space, self.cfg
+        alloc = np.flatnonzero(space.phys >= 0)
+        places = space.phys[alloc]
+        assert alloc.size == space.num_allocated, "allocated count drifted"
+        assert np.unique(places).size == places.size, "a physical place is claimed by two logical addresses"
+        assert (places < self.num_places).all(), "place out of range"
+        homes = space.home(alloc)
+        on_gpu = places < gpu.num_places
+        assert (gpu.rank_of(places[on_gpu]) == homes[on_gpu]).all(), "GPU entry outside its home rank"
+        assert (self.cpu.rank_of(places[~on_gpu]) == homes[~on_gpu]).all(), "CPU entry outside its home rank"
+        assert (gpu.owner[places[on_gpu]] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping"
+        assert int((gpu.owner >= 0).sum()) == int(on_gpu.sum()), "GPU slot owned by an unmapped address"
+        assert not (gpu.owner[~gpu.valid] >= 0).any(), "padding slot used"
+        free_bits = np.unpackbits(gpu.free_bm, bitorder="little").view(bool)
+        assert (free_bits == (gpu.valid & (gpu.owner < 0))).all(), "GPU free bitmap disagrees with owners"
+        gcount = np.bincount(gpu.rank_of(places[on_gpu]), minlength=cfg.num_ranks)
+        ccount = np.bincount(self.cpu.rank_of(places[~on_gpu]), minlength=cfg.num_ranks)
+        assert (gpu.num_free + gcount == cfg.gpu_slots).all(), "GPU free count not conserved"
+        assert (self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved"
+        hcount = np.bincount(homes, minlength=cfg.num_ranks)
+        ids_free = np.array([space.free_ids(r) for r in range(cfg.num_ranks)])
+        assert (ids_free + hcount == space.slots_per_rank).all(), "logical ids not conserved"
+        self._check_policy(alloc, places, on_gpu)
+
+    # -- hooks for subclasses ------------------------------------------------------------------------------------------
+    def _select(self, hit_places, m_counts, now):  # -> (dests grouped by rank in policy order, selection state)
+        raise NotImplementedError
+
+    def _apply(self, selection) -> None:
+        raise NotImplementedError
+
+    def _on_alloc(self, gslots: np.ndarray) -> None:
+        pass
+
+    def _on_release(self, gslots: np.ndarray) -> None:
+        pass
+
+    def _rotate(self, now: int) -> None:
+        pass
+
+    def _check_policy(self, alloc, places, on_gpu) -> None:
+        pass
+
+    def _by_rank(self, parts: list[np.ndarray]) -> np.ndarray:
+        """Concatenate replacement slots taken in priority order and group them by rank (stable)."""
+        slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        if self.cfg.num_ranks > 1 and len(parts) > 1:
+            slots = slots[np.argsort(self.gpu.rank_of(slots), kind="stable")]
+        return slots
+
+
+__all__ = ["ExchangeState", "ExclusivePolicy", "interleave"]

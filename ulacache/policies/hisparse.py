@@ -1,0 +1,250 @@
+"""HiSparse as SGLang implements it (DESIGN §1): per-request device buffers over a full CPU copy of the history.
+
+Every token lives in the CPU pool (its place in the mapping). Each running request owns a GPU region of
+`device_buffer_slots + 1` slots: an LRU buffer of D = device_buffer_slots token slots plus one slot for the newest
+token, outside the LRU. Buffer entries are copies (duplicates) of CPU entries. Like SGLang's swap-in kernel
+(`load_cache_to_device_buffer`), each request keeps an ordered LRU list of its slots (`lru[region]`, least recent
+first); per access: hits keep their relative order and move to the MRU end, the misses take the least-recent
+evictable slots and sit, in reverse order, just below the hits, the untouched evictable slots stay in front.
+The j-th miss of a request (ascending address) gets the j-th evictable slot. While a request's history fits the
+buffer (<= D + 1 tokens, token at position p in slot p) it takes the fast path: every reference hits, no IO, no LRU
+update. Prefill KV is backed up whole to the host and each decode token once (counted as d2h rows of the next plan).
+In TP mode SGLang replicates the history and the buffers on every rank: the cache tracks one replica and reports
+every rank's (identical) transfers in the per-rank arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..address_space import AddressSpace, IdStack
+from ..errors import CapacityError
+from ..plan import Plan
+from ..pools import CpuPools, pad64
+
+
+@dataclass
+class _HsState:
+    rows: np.ndarray  # regions whose LRU order changes
+    new_order: np.ndarray
+    miss_addrs: np.ndarray
+    miss_slots: np.ndarray
+    victims: np.ndarray
+
+
+class HiSparsePolicy:
+    name = "hisparse"
+    exclusive = False
+
+    def __init__(self, cfg, be):
+        self.cfg, self.be = cfg, be
+        self.tp = cfg.mode == "tp"
+        self.replicas = cfg.num_ranks if self.tp else 1
+        R = 1 if self.tp else cfg.num_ranks  # ranks tracked (one replica in TP)
+        self.R = R
+        self.D = D = cfg.device_buffer_slots
+        self.regions_per_rank = cfg.gpu_slots // (D + 1)
+        self.seg = pad64(cfg.gpu_slots)
+        self.num_gpu_places = R * self.seg
+        self.cpu = CpuPools(R, cfg.cpu_slots, base=self.num_gpu_places)
+        self.num_places = self.num_gpu_places + self.cpu.num_places
+        self.space = AddressSpace(R, cfg.cpu_slots)
+        self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
+        self.lru = np.tile(np.arange(D, dtype=np.int32), (R * self.regions_per_rank, 1))
+        self.slot_of = np.full(self.space.size, -1, dtype=np.int64)  # GPU place of a resident copy, -1 none
+        self.gowner = np.full(self.num_gpu_places, -1, dtype=np.int64)
+        self.region_of = np.full(16, -1, dtype=np.int64)  # by request index
+        self.hist_len = np.zeros(16, dtype=np.int64)
+        self.newest = np.full(16, -1, dtype=np.int64)
+        self.step = 0
+        self.pending_d2h = np.zeros(R, dtype=np.int64)
+        self.gpu_seg = self.seg
+        self.alloc_moves = None  # (src, dst) GPU places whose bytes the last alloc moved (newest -> LRU slot)
+
+    def region_base(self, regions: np.ndarray) -> np.ndarray:
+        rank = regions // self.regions_per_rank
+        return rank * self.seg + (regions % self.regions_per_rank) * (self.D + 1)
+
+    # -- capacity ------------------------------------------------------------------------------------------------------
+    def _per_rank(self, x: np.ndarray) -> np.ndarray:
+        return np.repeat(x, self.replicas) if self.tp else x
+
+    def free_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        g = np.array([len(s) for s in self.regions], dtype=np.int64) * (self.D + 1)
+        return self._per_rank(g), self._per_rank(self.cpu.num_free())
+
+    def capacity(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.cfg.num_ranks
+        return np.full(n, self.regions_per_rank * (self.D + 1), np.int64), np.full(n, self.cfg.cpu_slots, np.int64)
+
+    def _grow(self, n: int) -> None:
+        if n > self.region_of.size:
+            size = max(n, 2 * self.region_of.size)
+            for name, fill in (("region_of", -1), ("hist_len", 0), ("newest", -1)):
+                old = getattr(self, name)
+                new = np.full(size, fill, dtype=np.int64)
+                new[: old.size] = old
+                setattr(self, name, new)
+
+    # -- allocation ----------------------------------------------------------------------------------------------------
+    def alloc_many(self, request_ids, counts, ranks, tp):
+        space, R, D = self.space, self.R, self.D
+        ranks = np.zeros_like(ranks) if self.tp else ranks
+        reqs = [space.request(rid, int(r)) for rid, r in zip(request_ids, ranks.tolist())]
+        new = np.array([rid not in space.requests for rid in request_ids], dtype=bool)
+        need_cpu = np.bincount(ranks, weights=counts, minlength=R).astype(np.int64)
+        need_reg = np.bincount(ranks[new], minlength=R)
+        cfree = self.cpu.num_free()
+        for r in range(R):  # loop over ranks: all checks before any change
+            if need_reg[r] > len(self.regions[r]):
+                raise CapacityError(f"no free hisparse device buffer on rank {r} for {int(need_reg[r])} new requests")
+            if need_cpu[r] > cfree[r]:
+                raise CapacityError(f"cannot allocate {int(need_cpu[r])} tokens on rank {r}: {int(cfree[r])} CPU slots free")
+        n = int(counts.sum())
+        tok_rank = np.repeat(ranks, counts)
+        addrs = np.empty(n, dtype=np.int64)
+        places = np.empty(n, dtype=np.int64)
+        for r in range(R):  # loop over ranks
+            idx = np.flatnonzero(tok_rank == r)
+            addrs[idx] = space.ids[r].pop(idx.size)
+            places[idx] = self.cpu.free[r].pop(idx.size)
+            self.pending_d2h[r] += idx.size  # prefill backed up whole, each decode token once
+        space.phys[addrs] = places
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
+            space.register(rid, reqs[i], addrs[offsets[i]:offsets[i + 1]])
+        idx = np.array([q.index for q in reqs], dtype=np.int64)
+        self._grow(int(idx.max()) + 1 if idx.size else 0)
+        for i in np.flatnonzero(new).tolist():  # loop over new requests: claim a device buffer
+            self.region_of[idx[i]] = int(self.regions[int(ranks[i])].pop(1)[0])
+            base = int(self.region_base(self.region_of[idx[i]: idx[i] + 1])[0])
+            self.lru[self.region_of[idx[i]]] = np.arange(D, dtype=np.int32)
+            self.gowner[base:base + D + 1] = -1
+        # Residency of the new tokens: the previous newest token and all new tokens but the last fill LRU slot
+        # `position` while position < D (the fast-path layout); the last new token takes the newest-token slot.
+        has = counts > 0
+        idx, counts_h, first = idx[has], counts[has], offsets[:-1][has]
+        base = self.region_base(self.region_of[idx])
+        old_len, old_newest = self.hist_len[idx], self.newest[idx]
+        tok_req = np.repeat(np.arange(idx.size), counts_h)
+        pos = old_len[tok_req] + (np.arange(n) - np.repeat(first, counts_h))
+        last = np.zeros(n, dtype=bool)
+        last[first + counts_h - 1] = True
+        fill_addr = np.concatenate([old_newest[old_len > 0], addrs[~last]])
+        fill_pos = np.concatenate([old_len[old_len > 0] - 1, pos[~last]])
+        fill_base = np.concatenate([base[old_len > 0], base[tok_req[~last]]])
+        keep = fill_pos < D
+        moved_from = self.slot_of[fill_addr]
+        self.slot_of[fill_addr] = np.where(keep, fill_base + fill_pos, -1)
+        self.gowner[fill_base[keep] + fill_pos[keep]] = fill_addr[keep]
+        self.newest[idx] = addrs[first + counts_h - 1]
+        self.slot_of[self.newest[idx]] = base + D
+        self.gowner[base + D] = self.newest[idx]
+        self.hist_len[idx] = old_len + counts_h
+        self.alloc_moves = (moved_from[keep & (moved_from >= 0)], (fill_base + fill_pos)[keep & (moved_from >= 0)])
+        return addrs
+
+    # -- access --------------------------------------------------------------------------------------------------------
+    def access(self, plan: Plan, places: np.ndarray) -> None:
+        be, D, space = self.be, self.D, self.space
+        uniq = plan.addrs
+        gslot = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uniq)))
+        hit = gslot >= 0
+        req = space.req_of[uniq].astype(np.int64)
+        miss_addrs, miss_req = uniq[~hit], req[~hit]
+        plan.num_hits, plan.num_misses = int(hit.sum()), int(miss_addrs.size)
+        lru_hit = hit & (gslot % self.seg % (D + 1) != D) & (self.hist_len[req] > D + 1)  # fast path: no update
+        rows = np.unique(self.region_of[np.concatenate([req[lru_hit], miss_req])])
+        new_order, miss_slots, victims = self.lru[rows], np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if rows.size:
+            row_of_region = np.full(self.lru.shape[0], -1, dtype=np.int64)
+            row_of_region[rows] = np.arange(rows.size)
+            base = self.region_base(rows)
+            hitmark = np.zeros(self.num_gpu_places, dtype=bool)
+            hitmark[gslot[lru_hit]] = True
+            order = self.lru[rows].astype(np.int64)
+            H = hitmark[base[:, None] + order]
+            m = np.bincount(row_of_region[self.region_of[miss_req]], minlength=rows.size)
+            htot = H.sum(axis=1)
+            if (m + htot > D).any():
+                bad = int(np.flatnonzero(m + htot > D)[0])
+                raise CapacityError(
+                    f"a hisparse request selects {int(m[bad] + htot[bad])} distinct non-newest tokens in one batch; "
+                    f"its device buffer holds {D}"
+                )
+            e_idx = np.cumsum(~H, axis=1) - 1
+            h_idx = np.cumsum(H, axis=1) - 1
+            mm, ht = m[:, None], htot[:, None]
+            front = D - ht - mm
+            newpos = np.where(H, D - ht + h_idx, np.where(e_idx < mm, front + (mm - 1 - e_idx), e_idx - mm))
+            new_order = np.empty_like(order)
+            np.put_along_axis(new_order, newpos, order, axis=1)
+            take = ~H & (e_idx < mm)
+            miss_slots = (base[:, None] + order)[take]  # row-major: grouped by row, least recent first
+            grp = np.argsort(row_of_region[self.region_of[miss_req]], kind="stable")
+            miss_addrs = miss_addrs[grp]
+            victims = self.gowner[miss_slots]
+        rep = self.replicas
+        plan.num_exchanges = 0
+        h2d = np.bincount(space.home(miss_addrs), minlength=self.R).astype(np.int64)
+        plan.h2d_rows_per_rank = self._per_rank(h2d) if self.tp else h2d
+        plan.d2h_rows_per_rank = self._per_rank(self.pending_d2h.copy()) if rep > 1 else self.pending_d2h.copy()
+        plan.move_src = space.phys[miss_addrs]
+        plan.move_dst = miss_slots
+        plan.policy_state = _HsState(rows, new_order.astype(np.int32), miss_addrs, miss_slots, victims)
+
+    def commit(self, plan: Plan) -> None:
+        st = plan.policy_state
+        self.lru[st.rows] = st.new_order
+        self.slot_of[st.victims[st.victims >= 0]] = -1
+        self.slot_of[st.miss_addrs] = st.miss_slots
+        self.gowner[st.miss_slots] = st.miss_addrs
+        self.pending_d2h[:] = 0
+        self.step = plan.now
+
+    # -- free ----------------------------------------------------------------------------------------------------------
+    def free(self, request_id: int) -> np.ndarray:
+        space = self.space
+        req = space.requests[request_id]
+        addrs = req.addresses()
+        region = int(self.region_of[req.index])
+        base = int(self.region_base(np.array([region]))[0])
+        self.slot_of[addrs] = -1
+        self.gowner[base:base + self.D + 1] = -1
+        self.lru[region] = np.arange(self.D, dtype=np.int32)
+        self.regions[region // self.regions_per_rank].push(np.array([region], dtype=np.int64))
+        self.region_of[req.index], self.hist_len[req.index], self.newest[req.index] = -1, 0, -1
+        self.cpu.release(space.phys[addrs])
+        space.release(request_id)
+        return addrs
+
+    # -- checks --------------------------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        space, cfg, D = self.space, self.cfg, self.D
+        alloc = np.flatnonzero(space.phys >= 0)
+        places = space.phys[alloc]
+        assert alloc.size == space.num_allocated, "allocated count drifted"
+        assert np.unique(places).size == places.size, "a CPU place is claimed by two logical addresses"
+        assert (places >= self.num_gpu_places).all() and (places < self.num_places).all(), "hisparse entry not on CPU"
+        assert (self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank"
+        ccount = np.bincount(self.cpu.rank_of(places), minlength=self.R)
+        assert (self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved"
+        res = np.flatnonzero(self.slot_of >= 0)
+        assert (space.phys[res] >= 0).all(), "a freed address is still resident"
+        assert (self.gowner[self.slot_of[res]] == res).all(), "device buffer owner disagrees with residency"
+        assert int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address"
+        rg = self.region_of[space.req_of[res]]
+        local = self.slot_of[res] - self.region_base(rg)
+        assert ((local >= 0) & (local <= D)).all(), "a copy sits outside its request's device buffer"
+        used = np.flatnonzero(self.region_of >= 0)
+        assert np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer"
+        nregions = sum(len(s) for s in self.regions) + used.size
+        assert nregions == self.R * self.regions_per_rank, "device buffers not conserved"
+        srt = np.sort(self.lru, axis=1)
+        assert (srt == np.arange(D)).all(), "an LRU order is not a permutation of the buffer's slots"
+        newest = self.newest[used]
+        assert (self.slot_of[newest] == self.region_base(self.region_of[used]) + D).all(), "newest token not resident"
+
+
+__all__ = ["HiSparsePolicy"]
