@@ -2,7 +2,7 @@
 
 A figure shows a few keys (x, series, facets); every other config key that varies among its rows is pinned to one
 value (the most frequent; ties go to the default, i.e. empty, then the smallest) so no line mixes, e.g., GPU pool
-sizes. Config columns are the dotted names (`hardware.preset`) plus system/attention/policy/cpu_storage; metric
+sizes; seeds are averaged over instead. Config columns are the dotted names (`hardware.preset`) plus system/attention/policy/cpu_storage; metric
 columns have no dot.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 X = "workload.max_concurrency"
+REPLICATE_KEYS = ("workload.seed",)  # averaged over, never pinned
 SYSTEM_ORDER = ("sglang", "hisparse", "ulacache")
 CONFIG_TOP = ("system", "attention", "policy", "cpu_storage")
 FACET_KEYS = ("attention", "hardware.preset", "spec_on", "model.preset")
@@ -76,7 +77,7 @@ def pin(df: pd.DataFrame, keep: tuple, prefer: dict | None = None) -> tuple[pd.D
     notes = []
     prefer = prefer or {}
     for col in config_columns(df):
-        if col in keep or col not in df.columns or df.empty:
+        if col in keep or col in REPLICATE_KEYS or col not in df.columns or df.empty:
             continue
         values = df[col].astype("object").where(df[col].notna(), None)
         counts = values.map(fmt_value).value_counts()

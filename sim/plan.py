@@ -137,7 +137,7 @@ def _evaluation(c: int, metrics: dict | None, slo_metric: str, error: str = "") 
 def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, systems: list[str],
              attention: str, out_dir, gpu_kv_gb: float | None = None, cpu_kv_gb: float | None = None,
              slo_metric: str = "tpot_ms_p50", config=None, sets=(), max_concurrency: int | None = None,
-             rel_tol: float = 0.0, progress: bool = False) -> dict:
+             rel_tol: float = 0.0, requests_per_cap: int = 0, progress: bool = False) -> dict:
     """Search each system; writes OUT/plan.json and OUT/plan.png; returns the plan dict."""
     from sim.sweep import _override, parse_sets, run_point, sim_replay, sim_resolve
 
@@ -153,17 +153,20 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {"model": model, "hardware": hardware, "num_gpus": num_gpus, "attention": attention,
             "gpu_kv_gb": gpu_kv_gb, "cpu_kv_gb": cpu_kv_gb, "slo_tpot_ms": slo_tpot_ms, "slo_metric": slo_metric,
-            "config": str(config_path), "set": list(sets), "systems": {}}
+            "config": str(config_path), "set": list(sets), "requests_per_cap": requests_per_cap, "systems": {}}
     say = _printer(progress)
     for system in systems:
         overrides = base + [f"system={system}"]
         resolved = sim_resolve(config_path, overrides)  # bad keys/values fail here, before any replay
-        limit = max_concurrency or int(resolved.get("workload", {}).get("num_requests", 0) or 0)
+        limit = max_concurrency or (0 if requests_per_cap else int(resolved["workload"]["num_requests"]))
         if limit < 1:
-            raise ValueError("cannot tell the search limit: pass --max-concurrency")
+            raise ValueError("--requests-per-cap needs --max-concurrency (the upper end of the search)")
 
         def evaluate(c: int, system=system, overrides=overrides) -> Evaluation:
-            cfg = sim_resolve(config_path, overrides + [f"{CONCURRENCY_KEY}={c}"])
+            extra = [f"{CONCURRENCY_KEY}={c}"]
+            if requests_per_cap:
+                extra.append(f"workload.num_requests={requests_per_cap * c}")
+            cfg = sim_resolve(config_path, overrides + extra)
             outcome = run_point(sim_replay, cfg, str(out_dir / "runs" / system / f"c{c}"))
             e = _evaluation(c, outcome["metrics"] if outcome["status"] == "ok" else None, slo_metric,
                             outcome.get("error", ""))

@@ -44,6 +44,8 @@ def register(subparsers) -> None:
                     help="extra config override for every replay")
     pl.add_argument("--max-concurrency", type=int, default=None,
                     help="upper end of the search (default: workload.num_requests)")
+    pl.add_argument("--requests-per-cap", type=int, default=0,
+                    help="replay N x cap requests at each cap (0 = the config's workload.num_requests)")
     pl.add_argument("--rel-tol", type=float, default=0.0,
                     help="stop the SLO-edge search when the bracket is within this fraction (0 = exact)")
     pl.add_argument("--out", type=Path, required=True, help="output dir for plan.json, plan.png and the replays")
@@ -84,6 +86,8 @@ def _plan(args: argparse.Namespace) -> int:
     _positive("--cpu-kv-gb", args.cpu_kv_gb)
     _positive("--slo-tpot-ms", args.slo_tpot_ms)
     _positive("--max-concurrency", args.max_concurrency)
+    if args.requests_per_cap < 0:
+        raise ValueError(f"--requests-per-cap must be >= 0, got {args.requests_per_cap}")
     if not 0 <= args.rel_tol < 1:
         raise ValueError(f"--rel-tol must be in [0, 1), got {args.rel_tol}")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -92,7 +96,8 @@ def _plan(args: argparse.Namespace) -> int:
     result = run_plan(model=args.model, hardware=args.hardware, num_gpus=args.num_gpus, gpu_kv_gb=args.gpu_kv_gb,
                       cpu_kv_gb=args.cpu_kv_gb, slo_tpot_ms=args.slo_tpot_ms, slo_metric=args.slo_metric,
                       systems=systems, attention=args.attention, config=args.config, sets=args.sets,
-                      max_concurrency=args.max_concurrency, rel_tol=args.rel_tol, out_dir=args.out,
+                      max_concurrency=args.max_concurrency, rel_tol=args.rel_tol,
+                      requests_per_cap=args.requests_per_cap, out_dir=args.out,
                       progress=True)
     print_plan(result)
     return 0
