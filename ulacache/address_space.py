@@ -63,11 +63,13 @@ class Request:
 class AddressSpace:
     """Logical ids per home rank, the address -> place table and the address -> request table."""
 
-    def __init__(self, num_ranks: int, slots_per_rank: int):
+    def __init__(self, num_ranks: int, slots_per_rank: int, num_places: int):
         self.num_ranks = num_ranks
         self.slots_per_rank = slots_per_rank
         self.size = num_ranks * slots_per_rank
-        self.phys = np.full(self.size, -1, dtype=np.int64)
+        # int32 places when they fit: the translate gather is memory-bound (measured 7 ms vs 11.5 ms for 1.9M).
+        place_dtype = np.int32 if num_places < 2**31 - 1 else np.int64
+        self.phys = np.full(self.size, -1, dtype=place_dtype)
         self.req_of = np.full(self.size, -1, dtype=np.int32)
         self.marker = np.zeros(self.size + 1, dtype=bool)  # dedup scratch (+1: where -1 padding lands)
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]

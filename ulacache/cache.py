@@ -186,6 +186,8 @@ class UlaCache:
         s["hits"] += plan.num_hits
         s["misses"] += plan.num_misses
         s["local_hits"] += plan.num_local_hits
+        s["exchanges"] += plan.num_exchanges
+        s["peer_fetches"] += plan.num_peer_fetches
         self._count_transfers(plan)
 
     def replay(self, plan: Plan, layer: int | None = None) -> None:
@@ -218,8 +220,6 @@ class UlaCache:
 
     def _count_transfers(self, plan: Plan) -> None:
         s, rb = self._stats, self._row_bytes
-        s["exchanges"] += plan.num_exchanges
-        s["peer_fetches"] += plan.num_peer_fetches
         for link in ("h2d", "d2h", "peer"):
             rows = getattr(plan, f"{link}_rows")
             s[f"{link}_rows"] += rows
@@ -229,7 +229,7 @@ class UlaCache:
     def locate(self, addrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tier int8: 0 GPU / 1 CPU, rank, slot) of each address's current place (hisparse: its CPU entry)."""
         a = self._addresses(addrs, "addrs", allow_padding=False)
-        places = self.space.phys[a]
+        places = self.space.phys[a].astype(np.int64)
         self._check_allocated(a, places, "addrs")
         pol = self.policy
         on_cpu = places >= pol.num_gpu_places

@@ -37,7 +37,8 @@ class NumpyBackend:
         return table
 
     def hit_mask(self, places, num_gpu_places):
-        return (places >= 0) & (places < num_gpu_places)
+        # One unsigned compare covers both bounds: negative places wrap to huge unsigned values.
+        return places.view(np.dtype(f"u{places.dtype.itemsize}")) < num_gpu_places
 
     def bucket_of(self, stamps, slots, now, num_recent):
         age = now - stamps[slots]
@@ -84,11 +85,13 @@ class NumpyBackend:
         take = cand[need]
         bits = np.unpackbits(bitmap.reshape(-1, 8)[take], axis=1, bitorder="little")
         rows, cols = np.nonzero(bits)
-        slots = take[rows] * 64 + cols
-        sseg = slots // seg_slots
+        slots = take[rows] * 64 + cols  # ascending
         found = np.minimum(counts, seg_total)
-        first = np.cumsum(np.bincount(sseg, minlength=nseg)) - np.bincount(sseg, minlength=nseg)
-        rank_in_seg = np.arange(slots.size) - first[sseg]
+        if nseg == 1:
+            return slots[: found[0]].astype(np.int64, copy=False), found
+        sseg = seg[need][rows]
+        per = np.bincount(sseg, minlength=nseg)
+        rank_in_seg = np.arange(slots.size) - (np.cumsum(per) - per)[sseg]
         return slots[rank_in_seg < counts[sseg]].astype(np.int64, copy=False), found
 
     def lru_select(self, stamps, eligible, seg_slots, counts):

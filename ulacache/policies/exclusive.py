@@ -44,8 +44,8 @@ class ExclusivePolicy:
         R = cfg.num_ranks
         self.gpu = GpuPools(R, cfg.gpu_slots)
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.gpu.num_places)
-        self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots)
         self.num_places = self.gpu.num_places + self.cpu.num_places
+        self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots, self.num_places)
         self.step = 0  # committed access batches
         self.pending_d2h = np.zeros(R, dtype=np.int64)  # rows allocated into the CPU tier since the last access
         self.num_gpu_places, self.gpu_seg = self.gpu.num_places, self.gpu.seg
@@ -117,15 +117,18 @@ class ExclusivePolicy:
         be, R, gpu = self.be, self.cfg.num_ranks, self.gpu
         uniq, now = plan.addrs, plan.now
         hit = be.to_numpy(be.hit_mask(be.asarray(places), gpu.num_places))
-        hit_places = places[hit]
+        hit_places = places[hit].astype(np.int64)
         miss = ~hit
-        miss_addrs, miss_src = uniq[miss], places[miss]
-        miss_rank = self.cpu.rank_of(miss_src)
+        miss_addrs, miss_src = uniq[miss], places[miss].astype(np.int64)
         if R > 1:
+            miss_rank = self.cpu.rank_of(miss_src)
             order = np.argsort(miss_rank, kind="stable")
             miss_addrs, miss_src, miss_rank = miss_addrs[order], miss_src[order], miss_rank[order]
-        m_counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
-        h_counts = np.bincount(gpu.rank_of(hit_places), minlength=R).astype(np.int64)
+            m_counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
+            h_counts = np.bincount(gpu.rank_of(hit_places), minlength=R).astype(np.int64)
+        else:
+            m_counts = np.array([miss_addrs.size], dtype=np.int64)
+            h_counts = np.array([hit_places.size], dtype=np.int64)
         over = np.flatnonzero(m_counts + h_counts > self.cfg.gpu_slots)
         if over.size:
             r = int(over[0])
@@ -136,23 +139,29 @@ class ExclusivePolicy:
         dests, selection = self._select(hit_places, m_counts, now)
         victims = gpu.owner[dests]
         has_v = victims >= 0
-        v_dest = dests[has_v]
+        all_v = bool(has_v.all())
+        v_dest = dests if all_v else dests[has_v]
+        v_src = miss_src if all_v else miss_src[has_v]
         plan.num_hits, plan.num_misses = int(hit_places.size), int(miss_addrs.size)
         plan.num_exchanges = int(v_dest.size)
         plan.h2d_rows_per_rank = m_counts
-        plan.d2h_rows_per_rank = np.bincount(gpu.rank_of(v_dest), minlength=R).astype(np.int64) + self.pending_d2h
+        v_counts = np.bincount(gpu.rank_of(v_dest), minlength=R) if R > 1 else np.array([v_dest.size])
+        plan.d2h_rows_per_rank = v_counts.astype(np.int64) + self.pending_d2h
         plan.move_src = np.concatenate([miss_src, v_dest])
-        plan.move_dst = np.concatenate([dests, miss_src[has_v]])
+        plan.move_dst = np.concatenate([dests, v_src])
         plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, selection)
 
     def commit(self, plan: Plan) -> None:
         st, gpu, space, now = plan.policy_state, self.gpu, self.space, plan.now
         has_v = st.victims >= 0
         space.phys[st.miss_addrs] = st.dests
-        space.phys[st.victims[has_v]] = st.miss_src[has_v]
+        if has_v.all():
+            space.phys[st.victims] = st.miss_src
+        else:
+            space.phys[st.victims[has_v]] = st.miss_src[has_v]
+            self.cpu.release(st.miss_src[~has_v])
+            gpu.num_free -= np.bincount(gpu.rank_of(st.dests[~has_v]), minlength=self.cfg.num_ranks)
         gpu.owner[st.dests] = st.miss_addrs
-        self.cpu.release(st.miss_src[~has_v])
-        gpu.num_free -= np.bincount(gpu.rank_of(st.dests[~has_v]), minlength=self.cfg.num_ranks)
         gpu.stamps[st.hit_places] = now
         gpu.stamps[st.dests] = now
         self._apply(st.selection)

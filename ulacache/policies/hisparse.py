@@ -49,7 +49,7 @@ class HiSparsePolicy:
         self.num_gpu_places = R * self.seg
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.num_gpu_places)
         self.num_places = self.num_gpu_places + self.cpu.num_places
-        self.space = AddressSpace(R, cfg.cpu_slots)
+        self.space = AddressSpace(R, cfg.cpu_slots, self.num_places)
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
         self.lru = np.tile(np.arange(D, dtype=np.int32), (R * self.regions_per_rank, 1))
         self.slot_of = np.full(self.space.size, -1, dtype=np.int64)  # GPU place of a resident copy, -1 none
