@@ -5,7 +5,8 @@ positions from a per-request candidate set of 3600 history positions, so about h
 (the union of speculative query tokens). A warm-up batch (untimed) fills the GPU pool; the timed batch keeps 44% of
 each request's candidates (the measured step-to-step overlap of DeepSeek-V3.2, DESIGN §7) and draws the rest anew.
 Timed: `access` (dedup -> translate -> hits -> recency -> replacement -> plan) and `access + commit`, numpy backend,
-one thread. Also measured: the pb-lru vs exact-lru hit-rate gap on a locality-rich multi-step workload.
+one thread, medians over fresh caches. Also measured: the pb-lru vs exact-lru hit-rate gap on locality-rich
+multi-step workloads (ulacache.workload.LocalityWorkload).
 
     .venv/bin/python bench/policy_bench.py [--quick] [--profile]
 """
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ulacache import CacheConfig, UlaCache  # noqa: E402
+from ulacache.workload import LocalityWorkload  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "policy.json"
 
@@ -88,44 +90,64 @@ def run_big(policy: str, gpu: int, cpu: int, num_req: int, q: int, k: int, cand:
     }
 
 
-def hit_rate_gap(seed: int, steps: int, num_recent: int) -> dict:
-    """Cumulative hit rates of pb-lru and exact lru on the same locality-rich multi-step workload."""
-    rates = {}
-    for policy in ("pb-lru", "lru"):
-        rng = np.random.default_rng(seed)
-        num_req, hist, q, k, cand = 16, 16384, 2, 512, 1024
-        cache = UlaCache(CacheConfig(gpu_slots=24576, cpu_slots=num_req * hist, policy=policy,
-                                     num_recent_buckets=num_recent))
-        addrs = cache.alloc_many(np.arange(num_req), np.full(num_req, hist)).reshape(num_req, hist)
-        cands = candidate_sets(rng, hist, num_req, cand, None, 0.0)
-        hits = uniq = 0
-        for step in range(steps):
-            plan = cache.access(batch(rng, addrs, cands, q, k))
-            cache.commit(plan)
-            if step >= 5:
-                hits, uniq = hits + plan.num_hits, uniq + plan.num_unique
-            cands = candidate_sets(rng, hist, num_req, cand, cands, 0.6)
-        rates[policy] = hits / uniq
-    return {"pb_lru_hit_rate": rates["pb-lru"], "lru_hit_rate": rates["lru"],
-            "gap_points": 100 * (rates["lru"] - rates["pb-lru"]), "steps": steps, "num_recent_buckets": num_recent}
+def hit_rate(policy: str, gpu: int, num_recent: int, seed: int, steps: int) -> float:
+    """Hit rate (hits / unique references after 10 warm-up steps) on a LocalityWorkload (ulacache/workload.py)."""
+    num_req, hist = 16, 8192
+    wl = LocalityWorkload(num_req, hist, top_k=256, candidates=512, num_query=2, keep=0.5, hot=0.5, seed=seed)
+    cache = UlaCache(CacheConfig(gpu_slots=gpu, cpu_slots=num_req * hist, policy=policy, num_recent_buckets=num_recent))
+    addrs = cache.alloc_many(np.arange(num_req), np.full(num_req, hist)).reshape(num_req, hist)
+    hits = uniq = 0
+    for step in range(steps):
+        pos = wl.step().reshape(num_req, -1)
+        plan = cache.access(np.take_along_axis(addrs, pos, axis=1))
+        cache.commit(plan)
+        if step >= 10:
+            hits, uniq = hits + plan.num_hits, uniq + plan.num_unique
+    return hits / uniq
+
+
+def hit_rate_gap(steps: int, seeds: int) -> list[dict]:
+    """pb-lru vs exact lru on the same locality-rich workloads: GPU pools holding ~4 to ~20 steps of new entries,
+    the default number of recent buckets and smaller ones (to show what the buckets buy)."""
+    rows = []
+    default_k = CacheConfig().num_recent_buckets
+    for gpu in (16384, 32768, 65536):
+        for k in sorted({4, 16, default_k}):
+            for seed in range(seeds):
+                pb, lru = hit_rate("pb-lru", gpu, k, seed, steps), hit_rate("lru", gpu, k, seed, steps)
+                rows.append({"gpu_slots": gpu, "num_recent_buckets": k, "seed": seed, "pb_lru_hit_rate": pb,
+                             "lru_hit_rate": lru, "gap_points": 100 * (lru - pb), "steps": steps})
+    return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 10x smaller pool and batch (smoke run)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one access+commit")
+    ap.add_argument("--trials", type=int, default=3, help="fresh caches per policy (medians reported)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     scale = 10 if args.quick else 1
     gpu, cpu, num_req = 1_000_000 // scale, 10_000_000 // scale, 256 // scale
-    runs = [run_big(p, gpu, cpu, num_req, 4, 2048, 3600, seed=1, profile=args.profile) for p in ("pb-lru", "lru")]
+    runs = [run_big(p, gpu, cpu, num_req, 4, 2048, 3600, seed=trial, profile=args.profile and trial == 0)
+            for trial in range(args.trials) for p in ("pb-lru", "lru")]
     for r in runs:
         print(f"{r['policy']:7s} refs={r['refs']:,} unique={r['unique']:,} hits={r['hits']:,} "
               f"access {r['access_s'] * 1e3:.1f} ms = {r['access_refs_per_s'] / 1e6:.1f} M refs/s; "
               f"access+commit {r['access_commit_s'] * 1e3:.1f} ms = {r['access_commit_refs_per_s'] / 1e6:.1f} M refs/s")
-    gap = hit_rate_gap(seed=3, steps=20 if args.quick else 60, num_recent=CacheConfig().num_recent_buckets)
-    print(f"hit rate on a locality-rich workload: pb-lru {gap['pb_lru_hit_rate']:.4f}, lru {gap['lru_hit_rate']:.4f}, "
-          f"gap {gap['gap_points']:.3f} points")
+    summary = {}
+    for p in ("pb-lru", "lru"):
+        mine = [r for r in runs if r["policy"] == p]
+        summary[p] = {k: float(np.median([r[k] for r in mine])) for k in
+                      ("access_s", "access_commit_s", "access_refs_per_s", "access_commit_refs_per_s")}
+        print(f"{p:7s} median of {len(mine)}: access {summary[p]['access_refs_per_s'] / 1e6:.1f} M refs/s, "
+              f"access+commit {summary[p]['access_commit_refs_per_s'] / 1e6:.1f} M refs/s")
+    gap = hit_rate_gap(steps=30 if args.quick else 80, seeds=1 if args.quick else 2)
+    default_k = CacheConfig().num_recent_buckets
+    for row in gap:
+        print(f"gpu {row['gpu_slots']:6d} K={row['num_recent_buckets']:2d} seed {row['seed']}: "
+              f"pb-lru {row['pb_lru_hit_rate']:.4f} lru {row['lru_hit_rate']:.4f} gap {row['gap_points']:+.3f} points")
+    worst = max(abs(r["gap_points"]) for r in gap if r["num_recent_buckets"] == default_k)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -134,7 +156,10 @@ def main() -> int:
         "config": {"gpu_slots": gpu, "cpu_slots": cpu, "num_requests": num_req, "query_tokens": 4, "top_k": 2048,
                    "candidates_per_request": 3600, "backend": "numpy", "quick": args.quick},
         "runs": [{k: v for k, v in r.items() if k != "profile"} for r in runs],
+        "median": summary,
         "hit_rate_gap": gap,
+        "hit_rate_gap_worst_points_default_buckets": worst,
+        "default_num_recent_buckets": default_k,
         "target_refs_per_s": 20e6,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

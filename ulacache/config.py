@@ -32,7 +32,7 @@ class CacheConfig:
     backend: str = "numpy"
     payload_bytes: int = 0
     payload_layers: int = 1
-    num_recent_buckets: int = 4
+    num_recent_buckets: int = 32
     device_buffer_slots: int = 4096
     local_buffer_slots: int = 0
     row_bytes: int = 0
