@@ -1,0 +1,1 @@
+"""Request-trace profiles (YAML files loaded by `traces.load_profile`)."""

@@ -1,0 +1,500 @@
+"""Synthetic sparse-attention selections: a sampled model of a lightning indexer's top-k, fast and stateless.
+
+Model (what a drifting query scored against clustered keys looks like from the cache's side):
+- **sink**: the first `num_sink` positions are always selected; **recency**: the newest `num_recent` positions are
+  always selected (so freshly decoded tokens are read at once).
+- The rest of the history is cut into k' = top_k - sink - recent **strata** (runs of ~history/k' positions) and each
+  stratum contributes exactly one position, so a set never holds a duplicate and needs no sort or dedupe. A stratum
+  is one of three kinds (per group, drawn from a hash):
+  * **stable** (heavy hitters): one salient key, the same every step; it drifts to another key every `drift_steps`.
+  * **recurring** (a key cluster): 2..6 salient keys; each step the query picks one of them at random, so the
+    position recurs often but not every step (the cluster's keys drift too).
+  * **fresh** (noise): any position of the stratum, drawn anew each step.
+  The mixture weights are solved per group from the target step-to-step overlap (DESIGN §7: ~44% in deep groups,
+  spread 35-50%; ~1.5% in the first two, below the ~3% of random sets: there, fresh picks alternate position
+  parity from step to step, a positional/RoPE-like pattern that makes consecutive sets nearly disjoint).
+- **Adjacent groups** share each stratum's whole random process unless a band boundary (every `band_groups` groups,
+  staggered per stratum) separates them: high similarity between neighbouring indexer groups.
+- **Speculative query tokens** of one step reuse query 0's draw for a stratum with probability `spec_share`, else draw
+  independently: high overlap between the query tokens of one step.
+Strata live on a fixed power-of-two domain (chosen from the history length with slack) so that a growing history
+does not move them; strata beyond the history fold onto the upper half of their mirror stratum. The result is a
+pure function of (seed, request_id, step, group, query index, history_len): nothing depends on call order.
+Spatial clustering of selected positions is not modeled: the caches that replay these traces are token-granular.
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from traces.errors import TraceError
+from traces.hashing import GOLDEN32, MIX32, fold32, key64, mix32, row_keys32
+
+GENERATOR = "stratified-mixture-v1"
+MODEL_GROUPS = {"glm-5.2": 21, "glm-5": 78, "deepseek-v3.2": 61}
+MAX_HISTORY_TOKENS = 1 << 26  # strata stay < 2**16 positions long (16-bit draws)
+_CHUNK_ELEMS = 1 << 19  # per-element work is done in row chunks of about this many outputs (cache-sized)
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """Parameters of the synthetic selection generator (all of them are stored in trace.yaml)."""
+
+    num_groups: int = 21
+    top_k: int = 2048
+    generator: str = GENERATOR
+    num_sink: int = 16
+    num_recent: int = 64
+    early_groups: int = 2
+    early_num_sink: int = 0
+    early_num_recent: int = 16
+    early_overlap: float = 0.015
+    deep_start_frac: float = 0.33
+    deep_overlap: float = 0.44
+    deep_overlap_spread: float = 0.06
+    fresh_frac: float = 0.30
+    min_candidates: int = 2
+    max_candidates: int = 6
+    drift_steps: int = 256
+    band_groups: int = 4
+    spec_share: float = 0.6
+    calib_history_tokens: int = 98304
+
+    @classmethod
+    def from_dict(cls, data: dict | None, source: str = "selection spec") -> SelectionSpec:
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise TraceError(f"{source}: unknown key '{key}' (known: {', '.join(sorted(known))})")
+        try:
+            spec = cls(**data)
+        except TypeError as exc:
+            raise TraceError(f"{source}: {exc}") from None
+        spec.validate(source)
+        return spec
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self, source: str = "selection spec") -> None:
+        def bad(msg: str) -> TraceError:
+            return TraceError(f"{source}: {msg}")
+
+        for name in ("num_groups", "top_k", "num_sink", "num_recent", "early_groups", "early_num_sink",
+                     "early_num_recent", "min_candidates", "max_candidates", "drift_steps", "band_groups",
+                     "calib_history_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise bad(f"{name} must be a non-negative integer, got {v!r}")
+        for name in ("early_overlap", "deep_start_frac", "deep_overlap", "deep_overlap_spread", "fresh_frac",
+                     "spec_share"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= float(v) <= 1.0:
+                raise bad(f"{name} must be a number in [0, 1], got {v!r}")
+        if self.generator != GENERATOR:
+            raise bad(f"unknown generator '{self.generator}' (known: {GENERATOR})")
+        if self.num_groups < 1 or self.top_k < 1:
+            raise bad("num_groups and top_k must be >= 1")
+        for s, w, what in ((self.num_sink, self.num_recent, ""), (self.early_num_sink, self.early_num_recent, "early_")):
+            if s + w >= self.top_k:
+                raise bad(f"{what}num_sink + {what}num_recent must be < top_k ({self.top_k})")
+        if not 1 <= self.min_candidates <= self.max_candidates <= 64:
+            raise bad("need 1 <= min_candidates <= max_candidates <= 64")
+        if self.drift_steps < 1 or self.drift_steps & (self.drift_steps - 1):
+            raise bad(f"drift_steps must be a power of two, got {self.drift_steps}")
+        if self.band_groups < 1:
+            raise bad("band_groups must be >= 1")
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The strata of one kind in one group: stratum index, hash key and per-stratum constants."""
+
+    index: np.ndarray  # int64 stratum index i in [0, k')
+    key: np.ndarray  # uint32 column key (band, stratum, seed)
+    phase: np.ndarray  # uint32 drift phase in [0, drift_steps)
+    cands: np.ndarray  # int64 number of candidate keys (1 for stable, 0 for fresh)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Everything about one indexer group that does not depend on the request: the solved mixture."""
+
+    group: int
+    early: bool
+    num_sink: int
+    num_recent: int
+    num_strata: int
+    target_overlap: float
+    frac_stable: float
+    frac_recurring: float
+    frac_fresh: float
+    stable: _Block
+    recurring: _Block
+    fresh: _Block
+
+
+def _solve_mixture(target: float, spec: SelectionSpec, early: bool, s: int, w: int, kp: int,
+                   inv_cands: float) -> tuple[float, float, float]:
+    """Mixture weights (stable, recurring, fresh) whose expected step-to-step overlap is `target`.
+
+    Retention per kind between consecutive steps (history growing ~1 token a step): stable 1 - 1/T, recurring
+    (1 - 1/T) E[1/cands], fresh ~1/stratum length (0 with the early parity alternation); sink 1, recent (w-1)/w.
+    """
+    k = spec.top_k
+    t = spec.drift_steps
+    r_s = 1.0 - 1.0 / t
+    r_r = r_s * inv_cands
+    r_f = 0.0 if early else kp / max(spec.calib_history_tokens - s - w, kp)
+    m = (target * k - s - max(w - 1, 0)) / kp  # retention needed from the strata
+    if early:
+        fs = min(max((m - r_f) / (r_s - r_f), 0.0), 1.0)
+        return fs, 0.0, 1.0 - fs
+    ff = spec.fresh_frac
+    fs = (m - (1.0 - ff) * r_r - ff * r_f) / (r_s - r_r) if r_s > r_r else 0.0
+    if fs >= 0.0:
+        fs = min(fs, 1.0 - ff)
+        return fs, 1.0 - ff - fs, ff
+    fr = min(max((m - r_f) / (r_r - r_f), 0.0), 1.0) if r_r > r_f else 0.0
+    return 0.0, fr, 1.0 - fr
+
+
+class SyntheticSelections:
+    """SelectionSource of synthetic top-k selections (see the module docstring for the model).
+
+    `select(...)` is pure in (seed, request_id, step, group, query index, history_len); plans per group are cached.
+    """
+
+    kind = "synthetic"
+
+    def __init__(self, spec: SelectionSpec | dict | None = None, seed: int = 0, num_threads: int | None = None):
+        if spec is None or isinstance(spec, dict):
+            spec = SelectionSpec.from_dict(spec)
+        else:
+            spec.validate()
+        self.spec = spec
+        self.seed = int(seed)
+        self.num_groups = int(spec.num_groups)
+        self.top_k = int(spec.top_k)
+        self._seed_key = key64(self.seed, 0x5E1EC7)
+        self._seed32 = int(fold32(np.uint64(self._seed_key)))
+        self._plans: dict[int, GroupPlan] = {}
+        self._tables_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+        self._threads = max(1, int(num_threads if num_threads is not None else min(2, os.cpu_count() or 1)))
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ group plans
+    def plan(self, group: int) -> GroupPlan:
+        """The group's solved mixture and per-stratum constants (cached)."""
+        g = self._check_group(group)
+        if g not in self._plans:
+            self._plans[g] = self._make_plan(g)
+        return self._plans[g]
+
+    def _make_plan(self, g: int) -> GroupPlan:
+        sp = self.spec
+        n = sp.num_groups
+        n_early = min(sp.early_groups, max(n - 1, 0))
+        early = g < n_early
+        s, w = (sp.early_num_sink, sp.early_num_recent) if early else (sp.num_sink, sp.num_recent)
+        kp = sp.top_k - s - w
+        g_deep = max(n_early, math.ceil(sp.deep_start_frac * n))
+        if early:
+            target = sp.early_overlap
+        elif g >= g_deep:
+            u = (key64(self.seed, 0x6E0, g) >> 11) / float(1 << 53)
+            target = sp.deep_overlap + sp.deep_overlap_spread * (2.0 * u - 1.0)
+        else:  # ramp between the early and the deep groups
+            frac = (g - n_early + 1) / (g_deep - n_early + 1)
+            target = sp.early_overlap + (sp.deep_overlap - sp.early_overlap) * frac
+        i = np.arange(kp, dtype=np.uint32)
+        seed32 = np.uint32(self._seed32)
+        with np.errstate(over="ignore"):
+            if early:  # early groups are their own band
+                band_key = np.full(kp, mix32(np.uint32(key64(self.seed, 0xEA, g) & 0xFFFFFFFF)), np.uint32)
+            else:
+                offset = mix32(i ^ seed32 ^ np.uint32(0x0FF5E7)) % np.uint32(sp.band_groups)
+                band = (np.uint32(g) + offset) // np.uint32(sp.band_groups)
+                band_key = mix32(band * GOLDEN32 ^ seed32 ^ np.uint32(0xBA4D))
+            key = mix32(band_key ^ mix32(i * np.uint32(0x85EBCA77) ^ seed32))
+            u_type = (mix32(key ^ np.uint32(0x7E9E)) >> np.uint32(8)).astype(np.float64) / float(1 << 24)
+            phase = mix32(key ^ np.uint32(0x9A5E)) & np.uint32(sp.drift_steps - 1)
+            span = sp.max_candidates - sp.min_candidates + 1
+            cands = sp.min_candidates + (mix32(key ^ np.uint32(0xCA4D)) % np.uint32(span)).astype(np.int64)
+        inv_cands = float(np.mean(1.0 / np.arange(sp.min_candidates, sp.max_candidates + 1)))
+        fs, fr, ff = _solve_mixture(target, sp, early, s, w, kp, inv_cands)
+        kind = np.where(u_type < fs, 0, np.where(u_type < fs + fr, 1, 2))
+
+        def block(k: int, ncand) -> _Block:
+            idx = np.flatnonzero(kind == k)
+            c = ncand[idx] if isinstance(ncand, np.ndarray) else np.full(idx.size, ncand, np.int64)
+            return _Block(idx.astype(np.int64), key[idx], phase[idx], c)
+
+        return GroupPlan(g, early, s, w, kp, float(target), fs, fr, ff,
+                         block(0, 1), block(1, cands), block(2, 0))
+
+    def _check_group(self, group) -> int:
+        if isinstance(group, bool) or not isinstance(group, (int, np.integer)):
+            raise TraceError(f"group must be an integer, got {group!r}")
+        if not 0 <= int(group) < self.num_groups:
+            raise TraceError(f"group {int(group)} out of range [0, {self.num_groups})")
+        return int(group)
+
+    # ------------------------------------------------------------------ selection
+    def select(self, request_ids, history_lens, steps, group: int, num_query_tokens: int) -> np.ndarray:
+        """int64[R, num_query_tokens, top_k] history positions in [0, history_len); -1 pads short histories."""
+        rid, hist, step, q = _check_select_args(request_ids, history_lens, steps, num_query_tokens)
+        plan = self.plan(group)
+        k = self.top_k
+        out = np.empty((rid.size, q, k), dtype=np.int64)
+        if rid.size == 0:
+            return out
+        if int(hist.max()) > MAX_HISTORY_TOKENS:
+            raise TraceError(f"history_len {int(hist.max())} exceeds the generator's limit {MAX_HISTORY_TOKENS}")
+        short = hist <= k
+        dense = ~short & (hist - plan.num_sink - plan.num_recent < plan.num_strata + 4)
+        main = np.flatnonzero(~short & ~dense)
+        if short.any():
+            rows = np.flatnonzero(short)
+            ar = np.arange(k, dtype=np.int64)
+            out[rows] = np.where(ar[None, :] < hist[rows, None], ar[None, :], -1)[:, None, :]
+        if dense.any():
+            rows = np.flatnonzero(dense)
+            out[rows] = self._select_dense(plan, rid[rows], hist[rows], step[rows], q)
+        if main.size:
+            self._run_main(plan, rid, hist, step, q, main, out)
+        return out
+
+    def _run_main(self, plan: GroupPlan, rid, hist, step, q: int, main: np.ndarray, out: np.ndarray) -> None:
+        """Split the stratified rows into single-domain, cache-sized chunks and run them (threads if > 1)."""
+        hm = hist[main] - plan.num_sink - plan.num_recent
+        dom = _domains(hm, plan.num_strata)
+        order = np.argsort(dom, kind="stable")
+        main, dom = main[order], dom[order]
+        rows_per_chunk = max(1, _CHUNK_ELEMS // (q * self.top_k))
+        cut = np.flatnonzero(np.diff(dom)) + 1
+        chunks = []
+        for seg_rows, seg_dom in zip(np.split(main, cut), np.split(dom, cut)):
+            for a in range(0, seg_rows.size, rows_per_chunk):
+                chunks.append((seg_rows[a:a + rows_per_chunk], int(seg_dom[0])))
+
+        def work(chunk) -> None:
+            rows, d = chunk
+            lo, n = int(rows[0]), rows.size
+            if int(rows[-1]) - lo + 1 == n and (n == 1 or bool(np.all(np.diff(rows) == 1))):
+                sl = slice(lo, lo + n)  # contiguous rows: write straight into the output
+                self._select_main(plan, rid[sl], hist[sl], step[sl], q, d, out[sl])
+            else:
+                out[rows] = self._select_main(plan, rid[rows], hist[rows], step[rows], q, d, None)
+
+        if self._threads > 1 and len(chunks) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ulacache-traces")
+            list(self._pool.map(work, chunks))
+        else:
+            for c in chunks:
+                work(c)
+
+    def _tables(self, plan: GroupPlan, kind: int, dom: int) -> dict[str, np.ndarray]:
+        """Per-stratum geometry of one block on one domain (cached, pure in (group, kind, domain)).
+
+        start/mstart: stratum and mirror start (0-based in the middle region); lo/lo_fold: absolute start of the
+        stratum / of the upper half of its mirror; ln/ln_fold/ln_half: range lengths of the three cases; cw: the
+        candidate window (fits every case); cands, room1, step_on: candidate count and stride bounds.
+        """
+        key = (plan.group, kind, dom)
+        tab = self._tables_cache.get(key)
+        if tab is None:
+            blk = (plan.stable, plan.recurring, plan.fresh)[kind]
+            kp = plan.num_strata
+            i = blk.index
+            j = kp - 1 - i
+            start = i * dom // kp
+            length = (i + 1) * dom // kp - start
+            mstart = j * dom // kp
+            mlen = (j + 1) * dom // kp - mstart
+            cw = np.minimum(length // 2, mlen - mlen // 2)
+            cands = np.minimum(blk.cands, cw)
+            multi = cands > 1
+            room1 = np.where(multi, (cw - 1) // np.maximum(cands - 1, 1), 0)
+            i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)
+            u32 = lambda x: np.ascontiguousarray(x, dtype=np.uint32)
+            tab = {"start": i32(start), "mstart": i32(mstart), "lo": i32(start + plan.num_sink),
+                   "fold_shift": i32(mstart + mlen // 2 - start), "ln": i32(length),
+                   "ln_fold": i32(mlen - mlen // 2), "ln_half": i32(length // 2), "cw": u32(cw),
+                   "cands": u32(cands), "cands_m1": u32(cands - 1), "room1": u32(room1), "step_on": u32(multi),
+                   "par": u32(i & 1)}
+            if len(self._tables_cache) > 1024:
+                self._tables_cache.clear()
+            self._tables_cache[key] = tab
+        return tab
+
+    def _select_main(self, plan: GroupPlan, rid, hist, step, q: int, dom: int, out: np.ndarray | None) -> np.ndarray:
+        """The stratified path for rows of one domain size (histories > top_k + 3)."""
+        sp = self.spec
+        r = rid.size
+        s, w = plan.num_sink, plan.num_recent
+        if out is None:
+            out = np.empty((r, q, sp.top_k), dtype=np.int64)
+        if s:
+            out[:, :, :s] = np.arange(s, dtype=np.int64)
+        if w:
+            out[:, :, sp.top_k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[:, None, :]
+        hm = (hist - s - w).astype(np.int32)
+        hcol = hm[:, None]
+        rowkey = row_keys32(self._seed_key, rid)[:, None]
+        step32 = step.astype(np.uint32)
+        stepkey = mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[:, None]
+        shift_t = np.uint32(int(sp.drift_steps).bit_length() - 1)
+        thr = int(round(sp.spec_share * 65536))
+        qkeys = mix32(np.arange(q, dtype=np.uint32) * np.uint32(0x27D4EB2F) ^ np.uint32(0x0A11))
+        u16 = np.uint32(16)
+        col = s
+        with np.errstate(over="ignore"):
+            for kind, blk in enumerate((plan.stable, plan.recurring, plan.fresh)):
+                m = blk.index.size
+                if m == 0:
+                    continue
+                tb = self._tables(plan, kind, dom)
+                dst = out[:, :, col:col + m]
+                col += m
+                invalid = tb["start"] >= hcol
+                lo = np.multiply(invalid, tb["fold_shift"], dtype=np.int32)
+                lo += tb["lo"]
+                # the (at most one) stratum per row of this block that straddles the end of the history
+                brow = np.flatnonzero(np.searchsorted(tb["start"], hm, side="right") > 0)
+                bcol = np.searchsorted(tb["start"], hm[brow], side="right") - 1
+                cut = hm[brow] - tb["start"][bcol]
+                t = rowkey ^ blk.key
+                t *= MIX32
+                t ^= t >> u16
+                if kind < 2:  # the candidate keys of this drift epoch (in the window lo + [0, cw))
+                    ck = (step32[:, None] + blk.phase) >> shift_t
+                    ck *= np.uint32(0xC2B2AE35)
+                    ck ^= t
+                    ck *= np.uint32(0x9E3779B1)
+                    ck ^= ck >> np.uint32(15)
+                    hi = ck >> u16
+                    if kind == 0:
+                        base = lo + (hi * tb["cw"] >> u16).view(np.int32)
+                        fix = cut < tb["cw"][bcol].astype(np.int32)
+                        fr, fc = brow[fix], bcol[fix]
+                        base[fr, fc] = lo[fr, fc] + (hi[fr, fc] * cut[fix].astype(np.uint32) >> u16).astype(np.int32)
+                        dst[...] = base[:, None, :]
+                        continue
+                    ck &= np.uint32(0xFFFF)
+                    ck *= tb["room1"]
+                    ck >>= u16
+                    ck += tb["step_on"]
+                    stride = ck
+                    room = tb["cw"] - tb["cands_m1"] * stride
+                    base = lo + (hi * room >> u16).view(np.int32)
+                    ncand = np.broadcast_to(tb["cands"], (r, m)).copy()
+                    fix = cut < tb["cw"][bcol].astype(np.int32)
+                    fr, fc = brow[fix], bcol[fix]
+                    base[fr, fc] = lo[fr, fc] + (hi[fr, fc] * cut[fix].astype(np.uint32) >> u16).astype(np.int32)
+                    stride[fr, fc] = 0
+                else:
+                    ln = np.multiply(invalid, tb["ln_fold"] - tb["ln"], dtype=np.int32)
+                    ln += np.multiply(tb["mstart"] >= hcol, tb["ln_half"] - tb["ln"], dtype=np.int32)
+                    ln += tb["ln"]
+                    fix = cut < ln[brow, bcol]
+                    ln[brow[fix], bcol[fix]] = cut[fix]
+                    if plan.early:  # fresh picks alternate position parity from step to step
+                        par = (tb["par"] ^ (step32[:, None] & np.uint32(1))) * (ln > 1)
+                        lo = lo + par.view(np.int32)
+                        ln = (ln - par.view(np.int32) + 1) >> 1
+                    ln = ln.view(np.uint32)
+                ts = t ^ stepkey
+                ts *= np.uint32(0x846CA68B)
+                ts ^= ts >> np.uint32(13)
+                if thr == 0:
+                    diverge = np.ones((r, m), np.uint32)
+                else:
+                    diverge = np.uint32(thr - 1) - (ts & np.uint32(0xFFFF))
+                    diverge >>= np.uint32(31)
+                d = np.empty((r, m), np.uint32)
+                for qi in range(q):
+                    if qi == 0:
+                        np.multiply(ts, MIX32, out=d)
+                    else:
+                        np.multiply(diverge, qkeys[qi], out=d)
+                        d ^= ts
+                        d *= MIX32
+                    d >>= u16
+                    if kind == 1:
+                        d *= ncand
+                        d >>= u16
+                        d *= stride
+                        np.add(d.view(np.int32), base, out=dst[:, qi, :], casting="unsafe")
+                    elif plan.early:
+                        d *= ln
+                        d >>= np.uint32(15)
+                        d &= np.uint32(0xFFFFFFFE)
+                        np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
+                    else:
+                        d *= ln
+                        d >>= u16
+                        np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
+        return out
+
+    def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
+        """Histories just above top_k (fewer than 4 spare positions): drop a hashed few, keep sink and recent."""
+        k = self.top_k
+        out = np.empty((rid.size, q, k), dtype=np.int64)
+        rowkey = row_keys32(self._seed_key, rid) ^ np.uint32(plan.group * 0x9E37)
+        for j in range(rid.size):  # rare rows (history in (top_k, top_k + sink + recent + 4)): not a hot path
+            h = int(hist[j])
+            pos = np.arange(h, dtype=np.uint32)
+            for qi in range(q):
+                score = mix32(pos * GOLDEN32 ^ mix32(rowkey[j] ^ np.uint32(int(step[j]) * 131 + qi)))
+                score[:plan.num_sink] = 0xFFFFFFFF
+                if plan.num_recent:
+                    score[h - plan.num_recent:] = 0xFFFFFFFF
+                keep = np.argpartition(score, h - k)[h - k:]
+                out[j, qi] = np.sort(keep)
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def describe(self) -> dict:
+        """Per-group solved mixtures (for inspect and reports)."""
+        return {g: {"target_overlap": p.target_overlap, "stable": p.frac_stable, "recurring": p.frac_recurring,
+                    "fresh": p.frac_fresh, "early": p.early}
+                for g in range(self.num_groups) for p in [self.plan(g)]}
+
+
+def _domains(hm: np.ndarray, kp: int) -> np.ndarray:
+    """Per row the strata domain: the largest power of two d with d/2 + 2d/k' <= hm (hm = middle length).
+
+    It only changes when the history crosses such a bound, so strata stay put while a history grows.
+    """
+    x = (hm.astype(np.int64) * (2 * kp)) // (kp + 4)
+    dom = np.left_shift(np.int64(1), np.floor(np.log2(x.astype(np.float64))).astype(np.int64))
+    return np.where(dom * 2 <= x, dom * 2, np.where(dom > x, dom // 2, dom))  # guard float rounding
+
+
+def _check_select_args(request_ids, history_lens, steps, num_query_tokens):
+    try:
+        rid = np.asarray(request_ids).astype(np.int64, casting="safe").ravel()
+        hist = np.asarray(history_lens).astype(np.int64, casting="safe").ravel()
+        step = np.asarray(steps).astype(np.int64, casting="safe").ravel()
+    except TypeError as exc:
+        raise TraceError(f"select: request_ids, history_lens and steps must be integer arrays ({exc})") from None
+    if not (rid.size == hist.size == step.size):
+        raise TraceError(f"select: request_ids, history_lens and steps differ in length "
+                         f"({rid.size}, {hist.size}, {step.size})")
+    if hist.size and (hist.min() < 0 or step.min() < 0):
+        raise TraceError("select: history_lens and steps must be >= 0")
+    if isinstance(num_query_tokens, bool) or not isinstance(num_query_tokens, (int, np.integer)) \
+            or num_query_tokens < 1:
+        raise TraceError(f"select: num_query_tokens must be a positive integer, got {num_query_tokens!r}")
+    return rid, hist, step, int(num_query_tokens)
