@@ -1,1 +1,22 @@
-"""sim package."""
+"""sim: the simpy discrete-event simulator of DP/TP sparse-attention decode on 8-GPU nodes.
+
+Public API: `replay(config, out_dir, progress, trace_events, calibration)` -> metrics dict, `load_config(path,
+overrides)` -> resolved config dict, `CostModel` (sim.costs) for `hw validate`.
+"""
+from __future__ import annotations
+
+
+def replay(config, out_dir=None, progress: bool = False, trace_events=None, calibration=None, overrides=None):
+    from sim.run import replay as _replay
+
+    return _replay(config, out_dir, progress=progress, trace_events=trace_events, calibration=calibration,
+                   overrides=overrides)
+
+
+def load_config(path, overrides=None) -> dict:
+    from sim.config import load_config as _load
+
+    return _load(path, overrides)
+
+
+__all__ = ["replay", "load_config"]

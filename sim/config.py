@@ -1,0 +1,272 @@
+"""Replay configs: YAML (+ `--set dotted.key=value` overrides) -> a resolved dict -> a frozen `SimConfig`.
+
+Every key has a default (so a config of only the DESIGN §8 keys runs); unknown keys and wrong types are rejected
+with a one-line `ValueError` naming the key. `hardware.*` / `model.*` take a `preset` plus any preset field.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec, build_hardware, build_model
+
+SYSTEMS = ("sglang", "hisparse", "ulacache")
+ATTENTION = ("dp", "tp")
+POLICIES = ("pb-lru", "lru")
+
+# section -> key -> (default, kind[, choices]); kind: int float bool str opt_int opt_float opt_str list_float
+SCHEMA: dict[str, Any] = {
+    "system": ("ulacache", "str", SYSTEMS),
+    "attention": ("tp", "str", ATTENTION),
+    "policy": ("pb-lru", "str", POLICIES),
+    "cpu_storage": (True, "bool"),
+    "spec": {
+        "draft_tokens": (0, "int"),  # verify tokens per request per step (0 = speculative decoding off)
+        "accept_mean": (3.0, "float"),  # mean accepted tokens per verify step (DESIGN §7: 2.2-3.5)
+        "accept_probs": (None, "list_float"),  # explicit P(accept = 1..draft_tokens); overrides accept_mean
+    },
+    "workload": {
+        "profile": ("multi-lexsum", "str"),
+        "num_requests": (256, "int"),
+        "max_concurrency": (256, "int"),
+        "seed": (0, "int"),
+        "trace": (None, "opt_str"),  # trace dir (requests.parquet + trace.yaml); None = generate from profile
+        "max_steps": (0, "int"),  # stop after this many decode steps (0 = run to completion)
+    },
+    "memory": {
+        "gpu_kv_bytes_per_gpu": (None, "opt_float"),  # None = HBM - weights - gpu_reserve_bytes
+        "cpu_kv_bytes_per_gpu": (None, "opt_float"),  # None = host memory x host_kv_fraction / num_gpus
+        "gpu_reserve_bytes": (8e9, "float"),  # activations, CUDA graphs, workspace
+        "host_kv_fraction": (0.75, "float"),
+    },
+    "hisparse": {
+        "device_buffer_slots": (4096, "int"),
+        "page_slots": (64, "int"),
+        "host_to_device_ratio": (8.0, "float"),
+        "max_running_requests": (0, "int"),  # 0 = no cap beyond workload.max_concurrency
+    },
+    "ulacache": {
+        "num_recent_buckets": (2, "int"),
+        "ws_reserve_slots": (None, "opt_int"),  # GPU-pool slots reserved per running request; None = q x top_k
+        "gpu_pool_slots": (None, "opt_int"),  # per rank; None = sized by the capacity solver
+        "local_buffer_slots": (None, "opt_int"),  # TP, per rank; None = sized by the capacity solver
+    },
+    "fidelity": {
+        "policy_groups": (0, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
+        "request_fraction": (1.0, "float"),  # share of requests whose selections run through the policy
+        "step_stride": (1, "int"),  # run the policy every Nth step; steps between reuse the last ratios
+    },
+    "output": {
+        "trace_event_steps": (20, "int"),  # decode steps recorded in --trace-events (keeps files small)
+    },
+}
+FREE_SECTIONS = ("hardware", "model", "costs")  # validated by the presets / the cost model
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    system: str
+    attention: str
+    policy: str
+    cpu_storage: bool
+    hardware: HardwareSpec
+    model: ModelSpec
+    spec: dict
+    workload: dict
+    memory: dict
+    hisparse: dict
+    ulacache: dict
+    fidelity: dict
+    output: dict
+    costs: dict
+    raw: dict  # the resolved dict (written as config.yaml)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.hardware.num_gpus
+
+    @property
+    def query_tokens(self) -> int:
+        return max(1, self.spec["draft_tokens"])
+
+
+def default_tree() -> dict:
+    def walk(node):
+        if isinstance(node, tuple):
+            return copy.deepcopy(node[0])
+        return {k: walk(v) for k, v in node.items()}
+
+    tree = walk(SCHEMA)
+    tree["hardware"] = {"preset": "h200", "num_gpus": 8}
+    tree["model"] = {"preset": "glm-5.2"}
+    tree["costs"] = {}
+    return tree
+
+
+def _check(key: str, value, rule):
+    kind = rule[1]
+    if kind.startswith("opt_"):
+        if value is None:
+            return None
+        kind = kind[4:]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"config key {key} must be true or false, got {value!r}")
+    elif kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+            raise ValueError(f"config key {key} must be an integer, got {value!r}")
+        value = int(value)
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"config key {key} must be a number, got {value!r}")
+        value = float(value)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"config key {key} must be a string, got {value!r}")
+    elif kind == "list_float":
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or not value or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"config key {key} must be a list of numbers, got {value!r}")
+        value = [float(v) for v in value]
+    if len(rule) > 2 and value not in rule[2]:
+        raise ValueError(f"config key {key} must be one of {list(rule[2])}, got {value!r}")
+    return value
+
+
+def _merge(tree: dict, user: dict, schema, prefix: str = ""):
+    if not isinstance(user, dict):
+        raise ValueError(f"config section {prefix.rstrip('.') or '<top>'} must be a mapping, got {user!r}")
+    for key, value in user.items():
+        name = f"{prefix}{key}"
+        if not isinstance(key, str):
+            raise ValueError(f"config key {name!r} is not a string")
+        if schema is None:  # free section: keep, validated later
+            tree[key] = value
+            continue
+        if key not in schema:
+            if prefix == "" and key in FREE_SECTIONS:
+                if not isinstance(value, dict):
+                    raise ValueError(f"config section {key} must be a mapping, got {value!r}")
+                _merge(tree.setdefault(key, {}), value, None, f"{key}.")
+                continue
+            raise ValueError(f"unknown config key {name!r}")
+        rule = schema[key]
+        if isinstance(rule, dict):
+            _merge(tree[key], value, rule, f"{name}.")
+        else:
+            tree[key] = _check(name, value, rule)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ValueError(f"bad --set {item!r}: expected dotted.key=value")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    return key.split("."), value
+
+
+def _nest(parts: list[str], value) -> dict:
+    out: dict = {}
+    node = out
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def resolve(user: dict | None, overrides: list[str] | None = None) -> dict:
+    """Defaults + user dict + overrides, type-checked, as a plain nested dict (presets validated too)."""
+    tree = default_tree()
+    _merge(tree, user or {}, SCHEMA)
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        _merge(tree, _nest(parts, value), SCHEMA)
+    build(tree)  # validates presets, cross-field rules
+    return tree
+
+
+def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> dict:
+    """Read a YAML config (or take a dict) and resolve it; raises ValueError/OSError with one-line messages."""
+    if isinstance(path, dict):
+        user = path
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise OSError(f"config file not found: {path}")
+        try:
+            user = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:120]})") from None
+        if not isinstance(user, dict):
+            raise ValueError(f"{path}: a config must be a YAML mapping")
+    try:
+        return resolve(user, overrides)
+    except ValueError as exc:
+        if isinstance(path, Path):
+            raise ValueError(f"{path}: {exc}") from None
+        raise
+
+
+def build(tree: dict) -> SimConfig:
+    """Resolved dict -> SimConfig (validates preset overrides and cross-field rules)."""
+    hw = dict(tree.get("hardware") or {})
+    hw_preset = hw.pop("preset", "h200")
+    if not isinstance(hw_preset, str):
+        raise ValueError(f"hardware.preset must be a string; choose from {sorted(HARDWARE_PRESETS)}")
+    model = dict(tree.get("model") or {})
+    model_preset = model.pop("preset", "glm-5.2")
+    if not isinstance(model_preset, str):
+        raise ValueError(f"model.preset must be a string; choose from {sorted(MODEL_PRESETS)}")
+    hardware = build_hardware(hw_preset, hw)
+    model_spec = build_model(model_preset, model)
+    if not isinstance(tree.get("costs"), dict):
+        raise ValueError("config section costs must be a mapping")
+    spec, wl, fid = tree["spec"], tree["workload"], tree["fidelity"]
+    positive = [("workload.num_requests", wl["num_requests"]), ("workload.max_concurrency", wl["max_concurrency"]),
+                ("fidelity.step_stride", fid["step_stride"]), ("hisparse.device_buffer_slots",
+                                                               tree["hisparse"]["device_buffer_slots"])]
+    for name, value in positive:
+        if value < 1:
+            raise ValueError(f"config key {name} must be >= 1, got {value}")
+    if spec["draft_tokens"] < 0:
+        raise ValueError("config key spec.draft_tokens must be >= 0")
+    q = max(1, spec["draft_tokens"])
+    if q > 1 and not 1.0 <= spec["accept_mean"] <= q:
+        raise ValueError(f"config key spec.accept_mean must be in [1, {q}] for spec.draft_tokens="
+                         f"{spec['draft_tokens']}, got {spec['accept_mean']}")
+    if spec["accept_probs"] is not None and q > 1:
+        probs = spec["accept_probs"]
+        if len(probs) != q or min(probs) < 0 or abs(sum(probs) - 1) > 1e-6:
+            raise ValueError(f"config key spec.accept_probs must be {q} probabilities summing to 1")
+    if not 0 < fid["request_fraction"] <= 1:
+        raise ValueError("config key fidelity.request_fraction must be in (0, 1]")
+    if fid["policy_groups"] < 0 or fid["policy_groups"] > model_spec.num_index_groups:
+        raise ValueError(f"config key fidelity.policy_groups must be in [0, {model_spec.num_index_groups}]")
+    if tree["hisparse"]["device_buffer_slots"] < model_spec.top_k:
+        raise ValueError("config key hisparse.device_buffer_slots must be >= model.top_k")
+    if tree["hisparse"]["host_to_device_ratio"] < 1:
+        raise ValueError("config key hisparse.host_to_device_ratio must be >= 1")
+    mem = tree["memory"]
+    if not 0 < mem["host_kv_fraction"] <= 1:
+        raise ValueError("config key memory.host_kv_fraction must be in (0, 1]")
+    return SimConfig(
+        system=tree["system"], attention=tree["attention"], policy=tree["policy"], cpu_storage=tree["cpu_storage"],
+        hardware=hardware, model=model_spec, spec=dict(spec), workload=dict(wl), memory=dict(mem),
+        hisparse=dict(tree["hisparse"]), ulacache=dict(tree["ulacache"]), fidelity=dict(fid),
+        output=dict(tree["output"]), costs=dict(tree["costs"]), raw=copy.deepcopy(tree),
+    )
+
+
+def as_plain(cfg: SimConfig) -> dict:
+    return copy.deepcopy(cfg.raw)
+

@@ -1,0 +1,223 @@
+"""Runs the library's real policy on the trace's selections, on a sample of indexer groups and requests.
+
+Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
+- `policy_groups`: the policy runs on that many indexer groups (the leading shallow groups, whose selections have
+  little locality, are always among them); every other group copies the per-reference ratios of the nearest
+  simulated deep group.
+- `request_fraction`: per admission space, every k-th admitted request (k = round(1 / fraction)) is simulated,
+  with pools scaled by the same fraction (+ one request's working set of slack).
+- `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
+What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link. The engine turns them
+into rows with the exact reference counts of the whole batch, so sampled and full runs share one code path.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer")
+
+
+def shallow_groups(num_groups: int, num_layers: int, source=None) -> int:
+    """Leading groups with little selection locality: the generator's `early_groups`, else those covering 2 layers."""
+    spec = getattr(source, "spec", None)
+    early = getattr(spec, "early_groups", None)
+    if isinstance(early, int) and early >= 0:
+        return min(early, max(num_groups - 1, 0))
+    return min(num_groups, max(1, math.ceil(2 * num_groups / num_layers)))
+
+
+def sampled_groups(num_groups: int, want: int, shallow: int) -> list[int]:
+    """Groups the policy simulates: all (want=0 or >= num_groups), else the shallow ones + evenly spaced deep ones."""
+    if want <= 0 or want >= num_groups:
+        return list(range(num_groups))
+    n_shallow = min(shallow, want - 1)
+    picked = list(range(n_shallow))
+    rest = want - n_shallow
+    lo = n_shallow
+    deep = np.linspace(lo, num_groups - 1, 2 * rest + 1)[1::2]  # centres of `rest` equal bands
+    for g in deep:
+        g = int(round(g))
+        while g in picked and g < num_groups - 1:
+            g += 1
+        picked.append(g)
+    return sorted(set(picked))
+
+
+def group_map(num_groups: int, picked: list[int], shallow: int) -> np.ndarray:
+    """For every group, the simulated group whose ratios it uses (itself if simulated; shallow ones stay apart)."""
+    deep = [g for g in picked if g >= shallow] or picked
+    out = np.empty(num_groups, dtype=np.int64)
+    for g in range(num_groups):
+        out[g] = g if g in picked else min(deep, key=lambda p: (abs(p - g), -p))
+    return out
+
+
+class AddressTable:
+    """Position -> logical address of every simulated running request, one row per request."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.table = np.full((4, max_len), -1, dtype=np.int64)
+        self.row_of: dict[int, int] = {}
+        self.free_rows: list[int] = list(range(3, -1, -1))
+        self.length: dict[int, int] = {}
+
+    def add(self, rid: int, addrs: np.ndarray):
+        if not self.free_rows:
+            old = self.table.shape[0]
+            self.table = np.concatenate([self.table, np.full((old, self.max_len), -1, dtype=np.int64)])
+            self.free_rows = list(range(2 * old - 1, old - 1, -1))
+        row = self.free_rows.pop()
+        self.row_of[rid] = row
+        self.table[row, : addrs.size] = addrs
+        self.length[rid] = addrs.size
+
+    def append(self, rid: int, addrs: np.ndarray):
+        row, n = self.row_of[rid], self.length[rid]
+        if n + addrs.size > self.max_len:
+            raise ValueError(f"request {rid} grew beyond its reserved length {self.max_len}")
+        self.table[row, n:n + addrs.size] = addrs
+        self.length[rid] = n + addrs.size
+
+    def remove(self, rid: int):
+        row = self.row_of.pop(rid)
+        self.table[row, : self.length.pop(rid)] = -1
+        self.free_rows.append(row)
+
+    def lookup(self, rids: list[int], positions: np.ndarray) -> np.ndarray:
+        """positions int64[R, q, k] (-1 padding) -> logical addresses (same shape, -1 padding)."""
+        rows = np.fromiter((self.row_of[r] for r in rids), dtype=np.int64, count=len(rids))
+        safe = np.maximum(positions, 0)
+        out = self.table[rows[:, None, None], safe]
+        out[positions < 0] = -1
+        return out
+
+
+class PolicyRunner:
+    """One library cache per simulated indexer group, fed with the selections of the simulated requests."""
+
+    def __init__(self, cfg, system, source, max_request_tokens: int, make_cache):
+        self.cfg, self.system, self.source = cfg, system, source
+        model = cfg.model
+        self.num_groups = model.num_index_groups
+        shallow = shallow_groups(self.num_groups, model.num_layers, source)
+        self.groups = sampled_groups(self.num_groups, cfg.fidelity["policy_groups"], shallow)
+        self.group_of = group_map(self.num_groups, self.groups, shallow)
+        self.k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
+        self.stride = cfg.fidelity["step_stride"]
+        self.caches = {g: make_cache(g, self.k) for g in self.groups}
+        self.tables = {g: AddressTable(max_request_tokens) for g in self.groups}
+        self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
+        self.admitted_per_space: dict[int, int] = {}
+        self.last: dict[int, dict] = {}  # group -> last ratios
+        self.policy_calls = 0
+        self.capacity_splits = 0
+        self.buffer_peak_rows = 0.0
+
+    # ---- request lifecycle
+    def admit(self, rid: int, space: int, rank: int, num_tokens: int) -> bool:
+        count = self.admitted_per_space.get(space, 0)
+        self.admitted_per_space[space] = count + 1
+        if count % self.k:
+            return False
+        self.sampled[rid] = rank
+        for g, cache in self.caches.items():
+            self.tables[g].add(rid, cache.alloc(rid, int(num_tokens), rank=rank))
+        return True
+
+    def grow(self, rids: list[int], counts: np.ndarray):
+        """Allocate the accepted tokens of simulated requests (batched when the library offers it)."""
+        keep = [(r, int(c)) for r, c in zip(rids, counts) if r in self.sampled and c > 0]
+        if not keep:
+            return
+        ids = [r for r, _ in keep]
+        cnt = np.array([c for _, c in keep], dtype=np.int64)
+        ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(cnt)])
+        for g, cache in self.caches.items():
+            if hasattr(cache, "alloc_many"):
+                addrs = cache.alloc_many(ids, cnt, ranks)
+                for i, rid in enumerate(ids):
+                    self.tables[g].append(rid, addrs[offsets[i]:offsets[i + 1]])
+            else:
+                for rid, c, rk in zip(ids, cnt.tolist(), ranks.tolist()):
+                    self.tables[g].append(rid, cache.alloc(rid, c, rank=rk))
+
+    def release(self, rid: int):
+        if self.sampled.pop(rid, None) is None:
+            return
+        for g, cache in self.caches.items():
+            cache.free(rid)
+            self.tables[g].remove(rid)
+
+    # ---- one decode step
+    def due(self, step: int) -> bool:
+        return step % self.stride == 0 or not self.last
+
+    def run_step(self, rids: list[int], hist: np.ndarray, steps: np.ndarray, q: int, space_of) -> dict[int, dict]:
+        """Access every simulated group with the simulated requests' selections; returns ratios per group."""
+        sel_idx = [i for i, r in enumerate(rids) if r in self.sampled]
+        if not sel_idx:
+            return self.last
+        sids = [rids[i] for i in sel_idx]
+        s_hist = hist[sel_idx]
+        s_steps = steps[sel_idx]
+        ranks = np.array([self.sampled[r] for r in sids], dtype=np.int64)
+        num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
+        ref_rank = np.zeros(num_ranks)
+        per_req_refs = q * np.minimum(s_hist, self.cfg.model.top_k).astype(float)
+        if self.system.tp:
+            ref_rank[:] = per_req_refs.sum()
+        else:
+            np.add.at(ref_rank, ranks, per_req_refs)
+        out = {}
+        for g in self.groups:
+            sel = self.source.select(np.asarray(sids, dtype=np.int64), s_hist, s_steps, g, q)
+            addrs = self.tables[g].lookup(sids, sel)
+            totals = self._access(self.caches[g], addrs, num_ranks)
+            out[g] = self._ratios(totals, ref_rank)
+            self.policy_calls += 1
+            stats_buffer = totals.get("buffer_rows")
+            if stats_buffer is not None:
+                self.buffer_peak_rows = max(self.buffer_peak_rows, stats_buffer * self.k)
+        self.last = out
+        return out
+
+    def _access(self, cache, addrs: np.ndarray, num_ranks: int) -> dict:
+        from ulacache import CapacityError
+
+        try:
+            plan = cache.access(addrs)
+        except CapacityError:
+            if addrs.shape[0] <= 1:
+                raise
+            self.capacity_splits += 1  # the working set does not fit at once: serve the batch in two halves
+            half = addrs.shape[0] // 2
+            a = self._access(cache, addrs[:half], num_ranks)
+            b = self._access(cache, addrs[half:], num_ranks)
+            return {k: a[k] + b[k] for k in a if k != "buffer_rows"} | {"buffer_rows": b.get("buffer_rows")}
+        cache.commit(plan)
+        n = lambda x: np.asarray(x, dtype=float).reshape(-1)  # noqa: E731
+        per_rank = lambda arr: (n(arr) if n(arr).size == num_ranks else np.resize(n(arr), num_ranks))  # noqa: E731
+        totals = {
+            "refs": float(plan.num_refs), "unique": float(plan.num_unique), "hits": float(plan.num_hits),
+            "misses": float(plan.num_misses), "exchanges": float(plan.num_exchanges),
+            "local_hits": float(getattr(plan, "num_local_hits", 0)),
+            "peer_fetches": float(getattr(plan, "num_peer_fetches", 0)),
+            "h2d": per_rank(plan.h2d_rows_per_rank), "d2h": per_rank(plan.d2h_rows_per_rank),
+            "peer": per_rank(plan.peer_rows_per_rank),
+        }
+        return totals
+
+    def _ratios(self, t: dict, ref_rank: np.ndarray) -> dict:
+        refs = max(t["refs"], 1.0)
+        total_ref_rank = np.maximum(ref_rank, 1.0)
+        out = {k: t[k] / refs for k in ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches")}
+        for link in ("h2d", "d2h", "peer"):
+            rows = t[link]
+            ratio = rows / total_ref_rank
+            ratio[ref_rank <= 0] = rows.sum() / refs  # ranks without simulated requests: the global ratio
+            out[link] = ratio
+        return out

@@ -1,0 +1,149 @@
+"""Hardware and model presets (DESIGN §7). Every field can be overridden from a config's `hardware.*` / `model.*`.
+
+Sources are given per field; `sim/COSTS.md` repeats them with the cost-model defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One node: `num_gpus` GPUs, one PCIe link per GPU per direction, one NVLink port per GPU per direction."""
+
+    name: str
+    num_gpus: int
+    hbm_bytes: float  # per GPU
+    hbm_bw_bytes_s: float  # datasheet peak per GPU
+    fp8_flops: float  # dense tensor-core peak per GPU
+    bf16_flops: float
+    nvlink_bw_bytes_s: float  # per GPU, each direction
+    nvlink_latency_s: float  # per transfer
+    pcie_bw_bytes_s: float  # per GPU, each direction (pinned copy)
+    pcie_latency_s: float  # per transfer (cudaMemcpyAsync-class call)
+    host_memory_bytes: float  # per node
+    kernel_launch_s: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a decode step needs: layer/indexer structure, KV and indexer bytes, weights and active parameters."""
+
+    name: str
+    num_layers: int
+    num_index_groups: int  # layers that compute top-k (IndexShare: 21 of 78); = num_layers without sharing
+    kv_bytes_per_token_layer: int  # MLA latent, FP8 (656 B)
+    index_bytes_per_token_layer: int  # indexer key (132 B), stored only for layers that compute top-k
+    top_k: int
+    hidden_size: int
+    num_heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    index_heads: int
+    index_head_dim: int
+    total_params: float
+    active_params: float
+    weight_bytes: float  # whole model, FP8 (~1 B per parameter)
+    attn_weight_bytes: float  # attention + indexer projections of all layers (replicated per rank under DP)
+    num_experts: int
+    experts_per_token: int
+    routed_weight_fraction: float  # share of weight bytes in routed experts (read only when an expert is hit)
+
+    def group_sizes(self) -> list[int]:
+        """Layers per indexer group: the first groups take one layer more when layers do not divide evenly."""
+        base, extra = divmod(self.num_layers, self.num_index_groups)
+        return [base + (1 if g < extra else 0) for g in range(self.num_index_groups)]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token_layer * self.num_layers
+
+    @property
+    def index_bytes_per_token(self) -> int:
+        return self.index_bytes_per_token_layer * self.num_index_groups
+
+
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    # H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, FP8 1,979 TFLOPS dense, BF16 989 TFLOPS dense, NVLink 900 GB/s
+    # bidirectional (450 GB/s each way). PCIe Gen5 x16: 64 GB/s each way; measured pinned H2D 55.5 GB/s (DESIGN §7),
+    # which is the bandwidth we model. Launch 4.1 us measured; memcpyAsync 5-7 us per call.
+    "h200": HardwareSpec(
+        name="h200", num_gpus=8, hbm_bytes=141 * GB, hbm_bw_bytes_s=4.8e12, fp8_flops=1.979e15,
+        bf16_flops=0.989e15, nvlink_bw_bytes_s=450 * GB, nvlink_latency_s=3e-6, pcie_bw_bytes_s=55.5 * GB,
+        pcie_latency_s=6e-6, host_memory_bytes=2e12, kernel_launch_s=4.1e-6,
+    ),
+    # B300 (Blackwell Ultra) datasheet-class figures: 288 GB HBM3e, 8 TB/s, FP8 ~4.5 PFLOPS dense, BF16 ~2.25
+    # PFLOPS dense, NVLink 5 1.8 TB/s bidirectional (900 GB/s each way), PCIe Gen6 x16 ~2x Gen5 (we scale the
+    # measured Gen5 figure: 111 GB/s), host memory 2-4 TB per node (2 TB taken, the conservative end).
+    "b300": HardwareSpec(
+        name="b300", num_gpus=8, hbm_bytes=288 * GB, hbm_bw_bytes_s=8.0e12, fp8_flops=4.5e15,
+        bf16_flops=2.25e15, nvlink_bw_bytes_s=900 * GB, nvlink_latency_s=3e-6, pcie_bw_bytes_s=111 * GB,
+        pcie_latency_s=6e-6, host_memory_bytes=2e12, kernel_launch_s=4.1e-6,
+    ),
+}
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    # DeepSeek-V3.2: 61 layers (3 dense + 58 MoE), hidden 7168, 128 heads, kv_lora 512 + rope 64, indexer 64 heads
+    # x 128 dim, 256 routed experts top-8 + 1 shared, 671B total / 37B active (model card / config.json).
+    # Attention+indexer weights: ~187M params per layer x 61 = ~11.4 GB FP8 (calc from the config's projections).
+    "deepseek-v3.2": ModelSpec(
+        name="deepseek-v3.2", num_layers=61, num_index_groups=61, kv_bytes_per_token_layer=656,
+        index_bytes_per_token_layer=132, top_k=2048, hidden_size=7168, num_heads=128, kv_lora_rank=512,
+        rope_dim=64, index_heads=64, index_head_dim=128, total_params=671e9, active_params=37e9,
+        weight_bytes=671 * GB, attn_weight_bytes=11.4 * GB, num_experts=256, experts_per_token=8,
+        routed_weight_fraction=0.95,
+    ),
+    # GLM-5 / 5.1: 78 layers (3 dense + 75 MoE), hidden 6144, 64 heads, 256 experts top-8 + 1 shared, 744B / 40B.
+    # Attention+indexer weights estimated like DeepSeek's, scaled by hidden size and heads: ~120M x 78 = ~9.4 GB.
+    "glm-5": ModelSpec(
+        name="glm-5", num_layers=78, num_index_groups=78, kv_bytes_per_token_layer=656,
+        index_bytes_per_token_layer=132, top_k=2048, hidden_size=6144, num_heads=64, kv_lora_rank=512,
+        rope_dim=64, index_heads=64, index_head_dim=128, total_params=744e9, active_params=40e9,
+        weight_bytes=744 * GB, attn_weight_bytes=9.4 * GB, num_experts=256, experts_per_token=8,
+        routed_weight_fraction=0.95,
+    ),
+}
+# GLM-5.2: GLM-5 with IndexShare: 21 of 78 layers compute top-k; the others reuse their group's selection.
+MODEL_PRESETS["glm-5.2"] = dataclasses.replace(MODEL_PRESETS["glm-5"], name="glm-5.2", num_index_groups=21)
+
+
+def _build(cls, presets: dict, preset: str, overrides: dict, what: str):
+    if preset not in presets:
+        raise ValueError(f"unknown {what}.preset {preset!r}; choose from {sorted(presets)}")
+    base = presets[preset]
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    clean = {}
+    for key, value in overrides.items():
+        if key not in fields or key == "name":
+            raise ValueError(f"unknown key {what}.{key}; known: {sorted(k for k in fields if k != 'name')}")
+        old = getattr(base, key)
+        if isinstance(old, bool) or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{what}.{key} must be a number, got {value!r}")
+        if isinstance(old, int) and not isinstance(old, bool):
+            if float(value) != int(value):
+                raise ValueError(f"{what}.{key} must be an integer, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+        if value < 0 or (value == 0 and key not in ("nvlink_latency_s", "pcie_latency_s", "kernel_launch_s",
+                                                     "attn_weight_bytes")):
+            raise ValueError(f"{what}.{key} must be positive, got {value!r}")
+        clean[key] = value
+    return dataclasses.replace(base, **clean)
+
+
+def build_hardware(preset: str, overrides: dict) -> HardwareSpec:
+    return _build(HardwareSpec, HARDWARE_PRESETS, preset, overrides, "hardware")
+
+
+def build_model(preset: str, overrides: dict) -> ModelSpec:
+    spec = _build(ModelSpec, MODEL_PRESETS, preset, overrides, "model")
+    if spec.num_index_groups > spec.num_layers:
+        raise ValueError(f"model.num_index_groups ({spec.num_index_groups}) exceeds model.num_layers "
+                         f"({spec.num_layers})")
+    if not 0 <= spec.routed_weight_fraction <= 1:
+        raise ValueError("model.routed_weight_fraction must be in [0, 1]")
+    return spec

@@ -1,0 +1,227 @@
+"""`replay(config, out_dir)`: one simulated run of one system on one workload; writes metrics.json + timeline.
+
+(Module named `run` so that `sim.replay` stays the function.)
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim.config import SimConfig, build, load_config
+from sim.costs import CostModel
+from sim.engine import Engine
+from sim.events import TraceRecorder
+from sim.hardware import events_scheduled
+from sim.systems import budget_for, make_system
+
+
+def load_workload(cfg: SimConfig):
+    """(requests DataFrame, SelectionSource) from `workload.trace`, or generated from `workload.*` via traces."""
+    import traces
+
+    wl, model = cfg.workload, cfg.model
+    if wl["trace"]:
+        trace = traces.open_trace(Path(wl["trace"]))
+        source = trace.selections
+        if int(source.num_groups) != model.num_index_groups or int(source.top_k) != model.top_k:
+            raise ValueError(
+                f"trace {wl['trace']} has {source.num_groups} indexer groups and top_k {source.top_k}; model "
+                f"{model.name} needs {model.num_index_groups} groups and top_k {model.top_k}")
+        requests = trace.requests.sort_values(["arrival_s", "request_id"], kind="stable")
+        requests = requests.head(wl["num_requests"]).reset_index(drop=True)
+    else:
+        requests = traces.generate_requests(wl["profile"], wl["num_requests"], wl["seed"])
+        source = traces.SyntheticSelections({"num_groups": model.num_index_groups, "top_k": model.top_k},
+                                            seed=wl["seed"])
+    return requests, source
+
+
+def check_requests(requests) -> None:
+    need = {"request_id", "arrival_s", "input_tokens", "output_tokens"}
+    missing = need - set(requests.columns)
+    if missing:
+        raise ValueError(f"requests table lacks column {sorted(missing)[0]!r}")
+    if len(requests) == 0:
+        raise ValueError("the workload has no requests")
+    if (requests["input_tokens"] < 1).any() or (requests["output_tokens"] < 1).any():
+        raise ValueError("requests need input_tokens >= 1 and output_tokens >= 1")
+    if requests["request_id"].duplicated().any():
+        raise ValueError("request_id values must be unique")
+
+
+def cache_factory(cfg: SimConfig, system):
+    """make_cache(group, k) -> a library cache sized for 1/k of the requests (k = request sampling stride)."""
+    from ulacache import CacheConfig, UlaCache
+
+    cap = system.capacity
+    ws = cap.notes.get("ws_reserve_slots", cap.reserve_slots_per_request)
+    m = cap.ranks_per_space
+
+    def scaled(slots: float, k: int, slack: float) -> int:
+        return int(np.ceil(slots / k + (slack if k > 1 else 0)))
+
+    def make(group: int, k: int):
+        row = cfg.model.kv_bytes_per_token_layer
+        if system.name == "hisparse":
+            buf = cap.device_buffer_slots
+            ranks = 1 if system.tp else cfg.num_gpus  # TP replicates: every rank holds the same state
+            gpu = max(scaled(cap.gpu_pool_slots, k, buf + 1), buf + 1)
+            cpu = max(scaled(cap.cpu_pool_slots, k, 0), 1)
+            cc = CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
+                             device_buffer_slots=buf, row_bytes=row, seed=cfg.workload["seed"])
+        else:
+            mode = "tp" if system.tp else "dp"
+            ranks = cfg.num_gpus
+            gpu = max(scaled(cap.gpu_pool_slots, k, ws / m), 64)
+            cpu = scaled(cap.cpu_pool_slots, k, ws / m) if cfg.cpu_storage else 0
+            local = scaled(cap.local_buffer_slots, k, ws) if system.tp else 0
+            cc = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy=cfg.policy,
+                             num_recent_buckets=cfg.ulacache["num_recent_buckets"], local_buffer_slots=local,
+                             row_bytes=row, seed=cfg.workload["seed"])
+        return UlaCache(cc)
+
+    return make
+
+
+def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, costs: CostModel) -> dict:
+    st, cap = engine.state, system.capacity
+    done = np.isfinite(engine.finish_s)
+    tpot = (engine.finish_s[done] - engine.admit_s[done]) / np.maximum(engine.out[done], 1) * 1e3
+    tokens = max(st.tokens, 1.0)
+    kv_tok = cfg.model.kv_bytes_per_token
+    peak = st.peak or {"unique_slots": 0.0, "replica_slots": 0.0, "buffer_slots": 0.0, "physical_slots": 0.0,
+                       "index_key_bytes": 0.0, "concurrency": 0}
+    events = events_scheduled(engine.env)
+    runner = engine.runner
+    out = {
+        "system": cfg.system, "attention": cfg.attention, "policy": cfg.policy if cfg.system == "ulacache" else
+        cfg.system, "cpu_storage": bool(cfg.cpu_storage), "hardware": cfg.hardware.name,
+        "num_gpus": cfg.num_gpus, "model": cfg.model.name, "draft_tokens": cfg.spec["draft_tokens"],
+        "num_requests": int(engine.n_req), "completed_requests": int(done.sum()),
+        "rejected_requests": int(st.rejected), "decode_steps": int(st.steps),
+        "max_admitted_concurrency": int(st.max_concurrency),
+        "mean_concurrency": st.concurrency_sum / max(st.steps, 1),
+        "decode_tokens": float(st.tokens), "decode_time_s": st.busy_s, "makespan_s": float(engine.env.now),
+        "decode_throughput_tok_s": st.tokens / st.busy_s if st.busy_s else 0.0,
+        "tpot_ms_p50": float(np.median(tpot)) if tpot.size else float("nan"),
+        "tpot_ms_p90": float(np.percentile(tpot, 90)) if tpot.size else float("nan"),
+        "tpot_ms_mean": float(tpot.mean()) if tpot.size else float("nan"),
+        "step_ms_mean": st.busy_s / max(st.steps, 1) * 1e3,
+        "gpu_hit_rate": st.hits / st.unique if st.unique else 1.0,
+        "unique_ref_fraction": st.unique / st.refs if st.refs else 1.0,
+        "pcie_bytes_per_token": (st.h2d_bytes + st.d2h_bytes) / tokens,
+        "pcie_h2d_bytes_per_token": st.h2d_bytes / tokens, "pcie_d2h_bytes_per_token": st.d2h_bytes / tokens,
+        "nvlink_bytes_per_token": (st.peer_bytes + st.allgather_bytes) / tokens,
+        "nvlink_kv_bytes_per_token": st.peer_bytes / tokens,
+        "nvlink_collective_bytes_per_token": st.collective_bytes / tokens,
+        "physical_kv_slots": float(peak["physical_slots"]),
+        "unique_history_positions": float(peak["unique_slots"]),
+        "cap_peak_concurrency": int(peak["concurrency"]),
+        "cap_unique_slots": float(peak["unique_slots"]),
+        "cap_replica_slots": float(peak["replica_slots"]),
+        "cap_buffer_slots": float(peak["buffer_slots"]),
+        "cap_unique_bytes": float(peak["unique_slots"]) * kv_tok,
+        "cap_replica_bytes": float(peak["replica_slots"]) * kv_tok,
+        "cap_buffer_bytes": float(peak["buffer_slots"]) * kv_tok,
+        "cap_index_key_bytes": float(peak["index_key_bytes"]),
+        "cap_gpu_kv_budget_bytes_per_gpu": budget.gpu_kv_bytes_per_gpu,
+        "cap_cpu_kv_budget_bytes_per_gpu": budget.cpu_kv_bytes_per_gpu,
+        "cap_weight_bytes_per_gpu": budget.weight_bytes_per_gpu,
+        "cap_gpu_pool_slots_per_rank": cap.gpu_pool_slots, "cap_cpu_pool_slots_per_rank": cap.cpu_pool_slots,
+        "cap_local_buffer_slots_per_rank": cap.local_buffer_slots,
+        "cap_device_buffer_slots_per_request": cap.device_buffer_slots,
+        "cap_logical_tokens": cap.logical_tokens_per_space * cap.num_spaces,
+        "kv_bytes_per_token": kv_tok, "index_bytes_per_token": cfg.model.index_bytes_per_token,
+        "policy_groups_simulated": len(runner.groups) if runner else 0,
+        "request_sample_stride": runner.k if runner else 1,
+        "policy_calls": runner.policy_calls if runner else 0,
+        "policy_batch_splits": runner.capacity_splits if runner else 0,
+        "simpy_events": int(events), "sim_wall_s": wall_s,
+        "sim_tokens_per_wall_s": st.tokens / wall_s if wall_s else 0.0,
+        "simpy_events_per_wall_s": events / wall_s if wall_s else 0.0,
+        "cost_model": costs.provenance,
+    }
+    return out
+
+
+def _json_safe(obj):
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, (np.floating, np.integer)):
+        return _json_safe(obj.item())
+    return obj
+
+
+def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
+           trace_events: Path | None = None, calibration: Path | None = None,
+           overrides: list[str] | None = None) -> dict:
+    """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir."""
+    wall0 = time.perf_counter()
+    tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
+    cfg = build(tree)
+    costs = CostModel.load(cfg.hardware, cfg.model, calibration, overrides=cfg.costs)
+    requests, source = load_workload(cfg)
+    check_requests(requests)
+    budget = budget_for(cfg)
+    mean_tokens = float((requests["input_tokens"] + requests["output_tokens"]).mean())
+    system = make_system(cfg, budget, mean_tokens)
+    recorder = TraceRecorder() if trace_events else None
+    make_cache = cache_factory(cfg, system) if system.uses_policy else None
+    engine = Engine(cfg, costs, system, requests, source, recorder, make_cache)
+    with _progress(progress, engine.n_req) as tick:
+        engine.run(tick)
+    if hasattr(source, "close"):
+        source.close()
+    wall = time.perf_counter() - wall0
+    metrics = metrics_of(cfg, system, budget, engine, wall, costs)
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        import pandas as pd
+
+        pd.DataFrame(engine.state.timeline).to_parquet(out_dir / "timeline.parquet", index=False)
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+        (out_dir / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+    if recorder is not None:
+        recorder.write(Path(trace_events), meta={"system": cfg.system, "attention": cfg.attention,
+                                                 "steps_recorded": min(engine.state.steps,
+                                                                       cfg.output["trace_event_steps"])})
+    return _json_safe(metrics)
+
+
+class _progress:
+    """A rich progress bar over finished requests that appears only once a run has taken more than ~2 s."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled, total
+        self.bar = None
+        self.task = None
+        self.t0 = time.perf_counter()
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        return self._tick
+
+    def _tick(self, done: int, total: int):
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < 2.0:
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task("replay", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

@@ -1,0 +1,240 @@
+"""The compared systems at matched budgets: how each sizes its pools, admits requests and counts its bytes.
+
+Units: a *token slot* holds one token's KV for every layer (`kv_bytes_per_token` = 656 B x layers); index keys
+cost `index_bytes_per_token` (132 B x indexer layers) on the GPU. Every system gets the same GPU KV budget and CPU KV
+budget per GPU (`Budget`). A *space* is what admission fills: one per rank under DP attention, one for the whole TP
+group under TP attention. Systems are small classes in `SYSTEMS`, chosen by `system:` in the config.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sim.config import SimConfig
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Budget:
+    gpu_kv_bytes_per_gpu: float
+    cpu_kv_bytes_per_gpu: float
+    weight_bytes_per_gpu: float
+
+
+def budget_for(cfg: SimConfig) -> Budget:
+    """GPU KV budget = HBM - weights - reserve (unless given); CPU = host x fraction / GPUs (unless given)."""
+    hw, m, n = cfg.hardware, cfg.model, cfg.num_gpus
+    if cfg.attention == "tp":
+        weights = m.weight_bytes / n
+    else:  # DP attention replicates the attention projections on every rank; experts are sharded (EP)
+        weights = (m.weight_bytes - m.attn_weight_bytes) / n + m.attn_weight_bytes
+    mem = cfg.memory
+    gpu = mem["gpu_kv_bytes_per_gpu"]
+    if gpu is None:
+        gpu = hw.hbm_bytes - weights - mem["gpu_reserve_bytes"]
+    elif weights + gpu + mem["gpu_reserve_bytes"] > hw.hbm_bytes:
+        raise ValueError(f"memory.gpu_kv_bytes_per_gpu={gpu:.3g} plus weights {weights:.3g} B and reserve "
+                         f"{mem['gpu_reserve_bytes']:.3g} B exceed hardware.hbm_bytes={hw.hbm_bytes:.3g}")
+    if gpu <= 0:
+        raise ValueError(f"budget cannot hold the weights: {m.name} needs {weights / 1e9:.1f} GB per GPU on "
+                         f"{n} GPUs under {cfg.attention} attention, hardware.hbm_bytes={hw.hbm_bytes / 1e9:.1f} GB, "
+                         f"reserve {mem['gpu_reserve_bytes'] / 1e9:.1f} GB")
+    cpu = mem["cpu_kv_bytes_per_gpu"]
+    if cpu is None:
+        cpu = hw.host_memory_bytes * mem["host_kv_fraction"] / n
+    return Budget(float(gpu), float(cpu), float(weights))
+
+
+@dataclass
+class Capacity:
+    """Static sizing of a system (slots are token slots; per rank unless said otherwise)."""
+
+    num_spaces: int
+    ranks_per_space: int
+    logical_tokens_per_space: float
+    reserve_slots_per_request: int = 0
+    reserve_capacity_per_space: float = INF
+    buffer_reserve_capacity_per_space: float = INF  # TP local buffer: per rank, must hold the batch's selections
+    max_requests_per_space: float = INF
+    history_copies: int = 1  # replicas of each history entry (TP replication)
+    gpu_pool_slots: int = 0  # per rank
+    cpu_pool_slots: int = 0  # per rank
+    local_buffer_slots: int = 0  # per rank (ulacache TP)
+    device_buffer_slots: int = 0  # per request (hisparse)
+    static_index_slots_per_rank: float | None = None  # hisparse: index buffer sized to the logical pool
+    notes: dict = field(default_factory=dict)
+
+
+class System:
+    """Protocol + shared behaviour. Subclasses set `name`, `uses_policy` and implement `size()`."""
+
+    name = ""
+    uses_policy = False
+
+    def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float):
+        self.cfg, self.budget = cfg, budget
+        self.kv_tok = cfg.model.kv_bytes_per_token
+        self.ix_tok = cfg.model.index_bytes_per_token
+        self.n = cfg.num_gpus
+        self.tp = cfg.attention == "tp"
+        self.q = cfg.query_tokens
+        self.mean_tokens = float(mean_request_tokens)
+        self.capacity = self.size()
+
+    # ---- sizing
+    def size(self) -> Capacity:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def spaces(self) -> tuple[int, int]:
+        return (1, self.n) if self.tp else (self.n, 1)
+
+    # ---- per-step traffic shape
+    @property
+    def symmetric_ranks(self) -> bool:
+        """All ranks do identical work (TP replication): the engine may time one rank for all."""
+        return self.tp and self.name != "ulacache"
+
+    def indexer_keys(self, hist_rank: list[float], hist_total: float) -> list[float]:
+        """Index keys each rank scores for one indexer layer."""
+        if self.tp:
+            return [hist_total] * self.n
+        return list(hist_rank)
+
+    def indexer_allgather_bytes(self, num_queries: float) -> float:
+        return 0.0
+
+    # ---- accounting of where the bytes are (token slots, all ranks)
+    def footprint(self, unique_tokens: float, num_requests: int, hist: list[float], buffer_slots: float) -> dict:
+        """Slots holding history KV now: unique, replicas, buffer copies; plus index-key bytes."""
+        copies = self.capacity.history_copies
+        return {
+            "unique_slots": unique_tokens,
+            "replica_slots": unique_tokens * (copies - 1),
+            "buffer_slots": buffer_slots,
+            "physical_slots": unique_tokens * copies + buffer_slots,
+            "index_key_bytes": self.index_key_bytes(unique_tokens),
+        }
+
+    def index_key_bytes(self, unique_tokens: float) -> float:
+        return unique_tokens * self.ix_tok * self.capacity.history_copies
+
+
+class SGLang(System):
+    """Stock SGLang: every history entry and its index key on the GPU; TP attention replicates them on all ranks."""
+
+    name = "sglang"
+
+    def size(self) -> Capacity:
+        spaces, ranks = self.spaces()
+        logical = self.budget.gpu_kv_bytes_per_gpu / (self.kv_tok + self.ix_tok)
+        return Capacity(spaces, ranks, logical, history_copies=ranks, gpu_pool_slots=int(logical),
+                        notes={"gpu_tokens_per_rank": logical})
+
+
+class HiSparse(System):
+    """SGLang HiSparse: full history in pinned host memory, a fixed device buffer per running request, the index
+    keys of the whole logical pool on the GPU; replicated per rank under TP attention."""
+
+    name = "hisparse"
+    uses_policy = True
+
+    def size(self) -> Capacity:
+        h = self.cfg.hisparse
+        spaces, ranks = self.spaces()
+        ratio = h["host_to_device_ratio"]
+        device = self.budget.gpu_kv_bytes_per_gpu / (self.kv_tok + ratio * self.ix_tok)
+        logical = min(ratio * device, self.budget.cpu_kv_bytes_per_gpu / self.kv_tok)
+        per_request = h["device_buffer_slots"] + h["page_slots"]
+        max_running = h["max_running_requests"] or INF
+        return Capacity(spaces, ranks, logical, reserve_slots_per_request=per_request,
+                        reserve_capacity_per_space=device, max_requests_per_space=max_running,
+                        history_copies=ranks, gpu_pool_slots=int(device), cpu_pool_slots=int(logical),
+                        device_buffer_slots=h["device_buffer_slots"], static_index_slots_per_rank=ratio * device,
+                        notes={"device_tokens_per_rank": device, "logical_tokens_per_rank": logical})
+
+    def index_key_bytes(self, unique_tokens: float) -> float:
+        return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
+
+
+class UlaCacheSystem(System):
+    """UlaCache: one logical space per rank (DP) or per TP group; GPU pool shared by all requests over an
+    exclusive CPU pool; TP keeps history once (on its home rank) plus per-rank local buffers of selected copies;
+    index keys partitioned by home rank."""
+
+    name = "ulacache"
+    uses_policy = True
+
+    def size(self) -> Capacity:
+        cfg, kv, ix = self.cfg, self.kv_tok, self.ix_tok
+        spaces, m = self.spaces()
+        u = cfg.ulacache
+        ws = u["ws_reserve_slots"] or self.q * cfg.model.top_k
+        bg = self.budget.gpu_kv_bytes_per_gpu
+        host_slots = self.budget.cpu_kv_bytes_per_gpu / kv if cfg.cpu_storage else 0.0
+        h = self.mean_tokens
+        tp_buffer = m > 1
+
+        def gpu_bytes(n: float) -> float:  # minimum GPU bytes per rank for n average requests in a space
+            buf = n * ws if tp_buffer else 0.0
+            g_min = n * ws / m
+            logical = n * h / m
+            g = max(g_min, logical - host_slots)
+            return (g + buf) * kv + logical * ix + max(0.0, g - logical) * ix
+
+        lo, hi = 0.0, 1.0
+        while gpu_bytes(hi) <= bg and hi < 1e9:
+            hi *= 2
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if gpu_bytes(mid) <= bg else (lo, mid)
+        n_fit = lo
+        n_cap = math.ceil(cfg.workload["max_concurrency"] / spaces)
+        n_t = max(1.0, min(n_fit, n_cap))
+        buf = u["local_buffer_slots"] if u["local_buffer_slots"] is not None else (n_t * ws if tp_buffer else 0)
+        if u["gpu_pool_slots"] is not None:
+            g = float(u["gpu_pool_slots"])
+            c = min(host_slots, max(0.0, (bg - (g + buf) * kv - g * ix) / ix)) if cfg.cpu_storage else 0.0
+        elif not cfg.cpu_storage:
+            g, c = max(0.0, (bg - buf * kv) / (kv + ix)), 0.0
+        else:
+            target = n_t * h * 1.2 / m  # logical slots per rank wanted: 20% headroom over the mean request
+            g = (bg - buf * kv - target * ix) / kv
+            if g >= target:  # everything fits on the GPU: no CPU tier needed, the rest is GPU pool
+                g, c = (bg - buf * kv) / (kv + ix), 0.0
+            else:
+                g = max(g, n_t * ws / m)
+                c = max(0.0, min(host_slots, (bg - (g + buf) * kv - g * ix) / ix))
+        if (g + buf) * kv + (g + c) * ix > bg * (1 + 1e-9) or g <= 0:
+            raise ValueError(f"ulacache pools do not fit the GPU KV budget ({bg / 1e9:.1f} GB per GPU): gpu pool "
+                             f"{g:.0f} slots, local buffer {buf:.0f} slots, cpu pool {c:.0f} slots")
+        reserve = ws if cfg.cpu_storage else 0
+        return Capacity(
+            spaces, m, m * (g + c), reserve_slots_per_request=ws,
+            reserve_capacity_per_space=m * g if cfg.cpu_storage else INF,
+            buffer_reserve_capacity_per_space=buf if tp_buffer else INF,
+            history_copies=1, gpu_pool_slots=int(g), cpu_pool_slots=int(c), local_buffer_slots=int(buf),
+            notes={"ws_reserve_slots": ws, "target_requests_per_space": n_t, "fit_requests_per_space": n_fit,
+                   "reserve_active": bool(reserve)},
+        )
+
+    def indexer_keys(self, hist_rank: list[float], hist_total: float) -> list[float]:
+        if self.tp:  # distributed indexer: each rank scores the keys it stores (its homes)
+            return [hist_total / self.n] * self.n
+        return list(hist_rank)
+
+    def indexer_allgather_bytes(self, num_queries: float) -> float:
+        """TP: all-gather of each rank's local top-k candidates (fp32 score + int32 index) per query token."""
+        if not self.tp:
+            return 0.0
+        return num_queries * self.cfg.model.top_k * 8.0
+
+    def index_key_bytes(self, unique_tokens: float) -> float:
+        return unique_tokens * self.ix_tok
+
+
+SYSTEMS: dict[str, type[System]] = {"sglang": SGLang, "hisparse": HiSparse, "ulacache": UlaCacheSystem}
+
+
+def make_system(cfg: SimConfig, budget: Budget, mean_request_tokens: float) -> System:
+    return SYSTEMS[cfg.system](cfg, budget, mean_request_tokens)

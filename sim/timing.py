@@ -1,0 +1,160 @@
+"""One decode step on the simpy node: per rank, per indexer group, the compute stream and the copy stream.
+
+Per group on rank r: indexer scoring (+ all-gather of candidates under the distributed indexer) and cache
+management on the compute stream; then the first layer's transfers (H2D on the PCIe in-link, D2H on the out-link,
+peer fetches on the NVLink in-port) gate the first layer's attention. With `prefetch` (UlaCache: one plan per group)
+the other layers' transfers run on the copy stream while layer 1 computes, and layer i waits for its data; without
+it (HiSparse: swap-in per layer) every layer is management + transfer + compute in series. The group ends at a
+barrier over the ranks (the layer's EP all-to-all / TP all-reduce synchronise them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.hardware import Barrier, Node
+
+PARTS = ("indexer_s", "allgather_s", "mgmt_s", "transfer_stall_s", "attention_s", "ffn_s", "collective_s",
+         "draft_s", "overhead_s")
+
+
+@dataclass(frozen=True)
+class GroupWork:
+    """What rank r does for one indexer group (times in s; link amounts in occupancy bytes, per layer)."""
+
+    layers: int
+    indexer_s: float
+    allgather_s: float
+    mgmt_s: float  # per group (prefetch) or per layer (no prefetch)
+    h2d_bytes: float
+    d2h_bytes: float
+    peer_bytes: float
+    attention_s: float  # per layer
+    ffn_s: float
+    collective_s: float
+    prefetch: bool
+    d2h_blocking: bool
+
+
+class StepTimer:
+    def __init__(self, env: simpy.Environment, node: Node, recorder=None):
+        self.env, self.node, self.recorder = env, node, recorder
+        self.events = 0  # simpy events processed (counted by the engine)
+
+    def run(self, work: list[list[GroupWork]], ranks: list[int], epilogue: dict[str, float],
+            dedup: bool = True) -> tuple[float, dict]:
+        """Simulate one step: work[i][g] for simulated rank ranks[i]. Returns (step seconds, parts).
+
+        Groups are separated by barriers, so a group's time depends only on its own work: with `dedup`, groups whose
+        work is identical on every rank are simulated once and counted as many times as they occur."""
+        env = self.env
+        start = env.now
+        num_groups = len(work[0])
+        order: list[int] = []
+        count: dict[tuple, int] = {}
+        first: dict[tuple, int] = {}
+        for g in range(num_groups):
+            key = tuple(work[i][g] for i in range(len(ranks))) if dedup else (g,)
+            if key not in count:
+                count[key], first[key] = 0, g
+                order.append(g)
+            count[key] += 1
+        mult = {first[k]: c for k, c in count.items()}
+        totals = dict.fromkeys(PARTS, 0.0)
+        elapsed = 0.0
+        for g in order:
+            barrier = Barrier(env, len(ranks))
+            parts = np.zeros((len(ranks), len(PARTS)))
+            t0 = env.now
+            procs = [env.process(self._rank(i, r, g, work[i][g], barrier, parts)) for i, r in enumerate(ranks)]
+            env.run(until=simpy.AllOf(env, procs))
+            crit = ranks.index(max(barrier.arrivals)[1])  # the group's time is its last-arriving rank's
+            for k, name in enumerate(PARTS):
+                totals[name] += parts[crit, k] * mult[g]
+            elapsed += (env.now - t0) * mult[g]
+        tail = sum(epilogue.values())
+        if tail > 0:
+            t0 = env.now
+            env.run(until=env.timeout(tail))
+            if self.recorder is not None and self.recorder.enabled:
+                for r in ranks:
+                    self.recorder.span(f"gpu{r} compute", "draft+sample", t0, env.now)
+        for name, value in epilogue.items():
+            totals[name] += value
+        # deduplicated groups are counted, not re-simulated: move the clock to the step's modelled end
+        skipped = elapsed - (env.now - start - tail)
+        if skipped > 1e-15:
+            env.run(until=env.now + skipped)
+        return elapsed + tail, totals
+
+    def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: np.ndarray):
+        env, node, rec = self.env, self.node, self.recorder
+        track = f"gpu{r} compute"
+        tracing = rec is not None and rec.enabled
+        t0 = env.now
+        n = w.layers
+        mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n
+        pre = w.indexer_s + w.allgather_s + (mgmt if w.prefetch else 0.0)
+        if pre > 0:
+            yield env.timeout(pre)
+        if tracing:
+            a = t0 + w.indexer_s
+            rec.span(track, f"indexer g{g}", t0, a)
+            rec.span(track, f"allgather g{g}", a, a + w.allgather_s)
+            if w.prefetch:
+                rec.span(track, f"mgmt g{g}", a + w.allgather_s, env.now)
+        layer_c = w.attention_s + w.ffn_s + w.collective_s
+        first = 1 if w.prefetch else n
+        flows = []
+        if w.h2d_bytes > 0:
+            flows.append(node.h2d[r].transfer(w.h2d_bytes * first, f"h2d g{g}"))
+        if w.peer_bytes > 0:
+            flows.append(node.nvlink[r].transfer(w.peer_bytes * first, f"peer g{g}"))
+        if w.d2h_bytes > 0:
+            ev = node.d2h[r].transfer(w.d2h_bytes * first, f"d2h g{g}")
+            if w.d2h_blocking:
+                flows.append(ev)
+        t1 = env.now
+        if not w.prefetch:  # HiSparse-style: per layer, the swap-in kernel then attention, in series
+            if mgmt > 0:
+                yield env.timeout(mgmt)
+            if flows:
+                yield simpy.AllOf(env, flows)
+            stall = env.now - t1 - mgmt
+            t2 = env.now
+            yield env.timeout(n * layer_c)
+            extra = 0.0
+        else:
+            if flows:
+                yield simpy.AllOf(env, flows)
+            stall = env.now - t1
+            t2 = env.now
+            rest = []
+            if n > 1:
+                if w.h2d_bytes > 0:
+                    rest.append(node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}"))
+                if w.peer_bytes > 0:
+                    rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))
+                if w.d2h_bytes > 0:
+                    ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
+                    if w.d2h_blocking:
+                        rest.append(ev)
+            if rest:  # layer 1, then layers 2..n-1 overlapping the prefetch, then layer n after its data
+                yield env.timeout(layer_c)
+                wait = [env.timeout((n - 2) * layer_c)] if n > 2 else []
+                yield simpy.AllOf(env, wait + rest)
+                yield env.timeout(layer_c)
+            else:
+                yield env.timeout(n * layer_c)
+            extra = (env.now - t2) - n * layer_c
+        if tracing:
+            if not w.prefetch and mgmt > 0:
+                rec.span(track, f"swap-in mgmt g{g}", t1, t1 + mgmt)
+            rec.span(track, f"layers g{g} (x{n})", t2, env.now, {"stall_s": stall + extra})
+        row = parts[i]
+        row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
+        row[3] = stall + max(0.0, extra)
+        row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+        yield barrier.arrive(r)
