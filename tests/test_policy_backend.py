@@ -1,0 +1,90 @@
+"""The numpy backend's primitives against brute-force definitions (the semantics in ulacache/backends/README.md)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ulacache.backends import BACKENDS, get_backend
+from ulacache.backends.base import Backend
+
+be = get_backend("numpy")
+
+
+def test_registry_and_protocol():
+    assert isinstance(be, Backend) and be.name == "numpy"
+    assert {"numpy", "torch", "cupy"} <= set(BACKENDS)
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("jax")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-1, 200), max_size=300))
+def test_dedup_sorted_distinct_and_marker_clean(values):
+    marker = np.zeros(202, dtype=bool)
+    uniq, marker = be.dedup(np.array(values, dtype=np.int64), marker)
+    assert uniq.dtype == np.int64
+    assert uniq.tolist() == sorted(set(v for v in values if v >= 0))
+    assert not marker.any()
+
+
+def bitmap_of(bits: np.ndarray) -> np.ndarray:
+    return np.packbits(bits, bitorder="little")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.data())
+def test_select_first_takes_lowest_set_slots_per_segment(nseg, words_per_seg, data):
+    seg = 64 * words_per_seg
+    bits = np.array(data.draw(st.lists(st.booleans(), min_size=nseg * seg, max_size=nseg * seg)), dtype=bool)
+    counts = np.array(data.draw(st.lists(st.integers(0, seg), min_size=nseg, max_size=nseg)), dtype=np.int64)
+    bm = bitmap_of(bits)
+    slots, found = be.select_first(bm, be.summary(bm), seg, counts)
+    expect = []
+    for r in range(nseg):
+        expect += (np.flatnonzero(bits[r * seg:(r + 1) * seg])[: counts[r]] + r * seg).tolist()
+    assert slots.tolist() == expect
+    assert found.tolist() == [min(int(counts[r]), int(bits[r * seg:(r + 1) * seg].sum())) for r in range(nseg)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_lru_select_orders_by_stamp_then_slot(nseg, data):
+    seg = 64
+    n = nseg * seg
+    stamps = np.array(data.draw(st.lists(st.integers(-1, 5), min_size=n, max_size=n)), dtype=np.int64)
+    eligible = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    counts = np.array(data.draw(st.lists(st.integers(0, seg), min_size=nseg, max_size=nseg)), dtype=np.int64)
+    slots, found = be.lru_select(stamps, eligible, seg, counts)
+    expect = []
+    for r in range(nseg):
+        cand = [s for s in range(r * seg, (r + 1) * seg) if eligible[s]]
+        expect += sorted(cand, key=lambda s: (stamps[s], s))[: counts[r]]
+    assert slots.tolist() == expect and found.sum() == len(expect)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.integers(0, 4095), max_size=600), st.sets(st.integers(0, 4095), max_size=3000))
+def test_bitmap_set_clear_and_summary(a, b):
+    bm = np.zeros(4096 // 8, np.uint8)
+    sa = np.array(sorted(a), dtype=np.int64)
+    bm = be.bitmap_set(bm, sa)
+    bits = np.unpackbits(bm, bitorder="little").astype(bool)
+    assert np.flatnonzero(bits).tolist() == sa.tolist()
+    extra = np.array(sorted(set(b) - a), dtype=np.int64)  # many slots: the unpack/pack path
+    bm = be.bitmap_set(bm, extra)
+    bm = be.bitmap_clear(bm, sa)
+    assert np.flatnonzero(np.unpackbits(bm, bitorder="little")).tolist() == extra.tolist()
+    summ = np.unpackbits(be.summary(bm), bitorder="little").astype(bool)[: 4096 // 64]
+    words = np.unpackbits(bm, bitorder="little").reshape(-1, 64).any(axis=1)
+    assert (summ == words).all()
+
+
+def test_bucket_of_hit_mask_gather_rows():
+    stamps = np.array([0, 3, 5, 9, 10], dtype=np.int64)
+    assert be.bucket_of(stamps, np.arange(5), 10, 4).tolist() == [5, 5, 5, 1, 0]
+    assert be.hit_mask(np.array([-1, 0, 7, 8], dtype=np.int32), 8).tolist() == [False, True, True, False]
+    assert be.hit_mask(np.array([-1, 0, 7, 8], dtype=np.int64), 8).tolist() == [False, True, True, False]
+    pool = np.arange(12, dtype=np.uint8).reshape(6, 2)
+    rows = be.gather_rows(pool, np.array([4, 1]))
+    pool = be.scatter_rows(pool, np.array([1, 4]), rows)
+    assert pool[1].tolist() == [8, 9] and pool[4].tolist() == [2, 3]
