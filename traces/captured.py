@@ -38,7 +38,7 @@ def _key(rid, step, group) -> np.ndarray:
 
 def encode_record(positions: np.ndarray) -> bytes:
     """Varint bytes of one record: positions int[Q, K] (any order, -1 padding), distinct per row."""
-    return bytes(_encode_records(np.asarray(positions, np.int64)[None])[0][0])
+    return bytes(_encode_records(np.asarray(positions, np.int64)[None])[0])
 
 
 def _encode_records(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

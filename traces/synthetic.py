@@ -257,7 +257,8 @@ class SyntheticSelections:
         if int(hist.max()) > MAX_HISTORY_TOKENS:
             raise TraceError(f"history_len {int(hist.max())} exceeds the generator's limit {MAX_HISTORY_TOKENS}")
         short = hist <= k
-        dense = ~short & (hist - plan.num_sink - plan.num_recent < plan.num_strata + 4)
+        hm = np.maximum(hist - plan.num_sink - plan.num_recent, 1)
+        dense = ~short & (_domains(hm, plan.num_strata) < 2 * plan.num_strata)  # strata need >= 2 positions
         main = np.flatnonzero(~short & ~dense)
         if short.any():
             rows = np.flatnonzero(short)
@@ -444,21 +445,24 @@ class SyntheticSelections:
         return out
 
     def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
-        """Histories just above top_k (fewer than 4 spare positions): drop a hashed few, keep sink and recent."""
+        """Histories of top_k..~2 top_k: score every position with a hash (sink and recent forced in), take top-k.
+
+        Fresh draws every step, so these short histories carry no designed overlap (random sets of k out of
+        fewer than 2k positions overlap by more than half anyway).
+        """
         k = self.top_k
-        out = np.empty((rid.size, q, k), dtype=np.int64)
-        rowkey = row_keys32(self._seed_key, rid) ^ np.uint32(plan.group * 0x9E37)
-        for j in range(rid.size):  # rare rows (history in (top_k, top_k + sink + recent + 4)): not a hot path
-            h = int(hist[j])
-            pos = np.arange(h, dtype=np.uint32)
-            for qi in range(q):
-                score = mix32(pos * GOLDEN32 ^ mix32(rowkey[j] ^ np.uint32(int(step[j]) * 131 + qi)))
-                score[:plan.num_sink] = 0xFFFFFFFF
-                if plan.num_recent:
-                    score[h - plan.num_recent:] = 0xFFFFFFFF
-                keep = np.argpartition(score, h - k)[h - k:]
-                out[j, qi] = np.sort(keep)
-        return out
+        hmax = int(hist.max())
+        pos = np.arange(hmax, dtype=np.int64)
+        rowkey = row_keys32(self._seed_key ^ (plan.group + 1) * 0x9E3779B97F4A7C15 % (1 << 64), rid)
+        with np.errstate(over="ignore"):
+            key = mix32(rowkey[:, None] ^ mix32(step.astype(np.uint32) * GOLDEN32)[:, None]
+                        ^ mix32(np.arange(q, dtype=np.uint32) + np.uint32(0x3C6EF372))[None, :])  # [R, Q]
+            score = mix32(pos.astype(np.uint32)[None, None, :] * GOLDEN32 ^ key[:, :, None]).astype(np.int64) + 1
+        h = hist[:, None, None]
+        score[np.broadcast_to(pos >= h, score.shape)] = 0
+        forced = (pos < plan.num_sink) | ((pos >= h - plan.num_recent) & (pos < h))
+        score[np.broadcast_to(forced, score.shape)] = 1 << 40
+        return np.argpartition(-score, k - 1, axis=-1)[..., :k].astype(np.int64)
 
     def close(self) -> None:
         if self._pool is not None:
