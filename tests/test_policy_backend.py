@@ -88,3 +88,31 @@ def test_bucket_of_hit_mask_gather_rows():
     rows = be.gather_rows(pool, np.array([4, 1]))
     pool = be.scatter_rows(pool, np.array([1, 4]), rows)
     assert pool[1].tolist() == [8, 9] and pool[4].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("policy,mode,ranks", [("pb-lru", "dp", 1), ("pb-lru", "tp", 4), ("lru", "dp", 2),
+                                               ("hisparse", "dp", 1)])
+def test_torch_backend_on_cpu_gives_the_numpy_plans(policy, mode, ranks):
+    """The whole pipeline through the torch backend (CPU) reproduces numpy's plans, places and bytes exactly."""
+    pytest.importorskip("torch")
+    from ulacache import CacheConfig, UlaCache
+    from ulacache.workload import LocalityWorkload
+
+    results = []
+    for backend in ("numpy", "torch"):
+        c = UlaCache(CacheConfig(policy=policy, mode=mode, num_ranks=ranks, backend=backend, payload_bytes=4,
+                                 gpu_slots=4 * 65 if policy == "hisparse" else 400, cpu_slots=3000,
+                                 device_buffer_slots=64, local_buffer_slots=1500, num_recent_buckets=3))
+        wl = LocalityWorkload(4, 600, 32, 64, 2, seed=1)
+        addrs = c.alloc_many(np.arange(4), np.full(4, 600), np.arange(4) % ranks if mode == "dp" else None)
+        addrs = addrs.reshape(4, 600)
+        c.write(addrs.ravel(), (np.arange(2400 * 4) % 251).astype(np.uint8).reshape(2400, 4))
+        out = []
+        for _ in range(20):
+            sel = np.take_along_axis(addrs, wl.step().reshape(4, -1), axis=1)
+            plan = c.access(sel)
+            c.commit(plan)
+            out.append((plan.counts(), plan.move_src.tolist(), plan.move_dst.tolist()))
+        c.check_invariants()
+        results.append((out, [x.tolist() for x in c.locate(addrs.ravel())], c.read(addrs.ravel()).tolist()))
+    assert results[0] == results[1]

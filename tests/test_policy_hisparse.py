@@ -111,3 +111,14 @@ def test_hisparse_tp_replicates_transfers_on_every_rank():
     c.commit(plan)
     assert c.capacity_slots(1) == 64 and c.num_free_slots() == 34
     c.check_invariants()
+
+
+def test_hisparse_alloc_many_new_requests_get_their_own_buffers():
+    D = 8
+    c = UlaCache(CacheConfig(policy="hisparse", gpu_slots=3 * (D + 1), cpu_slots=200, device_buffer_slots=D))
+    a = c.alloc_many([5, 6, 7], [30, 30, 30]).reshape(3, 30)
+    assert len(set(c.policy.region_of[[c.space.requests[r].index for r in (5, 6, 7)]].tolist())) == 3
+    plan = c.access(a[:, 10:10 + D])  # D distinct non-newest tokens of each request: fits each buffer
+    assert plan.num_misses == 3 * D
+    c.commit(plan)
+    c.check_invariants()

@@ -86,14 +86,14 @@ class AddressSpace:
     def request(self, request_id: int, rank: int) -> Request:
         """The request's record, created on first use (not yet registered: call `register`)."""
         req = self.requests.get(request_id)
-        if req is None:
+        if req is None:  # a fresh index each time (an allocation that fails only skips an index)
             req = Request(index=self._next_index, rank=rank)
+            self._next_index += 1
         return req
 
     def register(self, request_id: int, req: Request, addrs: np.ndarray) -> None:
         if request_id not in self.requests:
             self.requests[request_id] = req
-            self._next_index += 1
         req.chunks.append(addrs)
         req.num_tokens += addrs.size
         self.req_of[addrs] = req.index

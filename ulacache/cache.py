@@ -216,7 +216,8 @@ class UlaCache:
             return
         be, data = self.be, self._data[:, layer, :]
         rows = be.to_numpy(be.gather_rows(be.asarray(data), be.asarray(plan.move_src)))  # all reads first
-        self._data[:, layer, :] = be.to_numpy(be.scatter_rows(be.asarray(data), be.asarray(plan.move_dst), rows))
+        self._data[:, layer, :] = be.to_numpy(
+            be.scatter_rows(be.asarray(data), be.asarray(plan.move_dst), be.asarray(rows)))
 
     def _count_transfers(self, plan: Plan) -> None:
         s, rb = self._stats, self._row_bytes

@@ -44,7 +44,7 @@ class PbLruPolicy(ExclusivePolicy):
             slots, found = be.select_first(bm, be.summary(bm), gpu.seg, be.asarray(remaining))
             slots, found = be.to_numpy(slots), be.to_numpy(found)
             if slots.size:
-                bitmap = be.to_numpy(be.bitmap_clear(bm, slots))
+                bitmap = be.to_numpy(be.bitmap_clear(bm, be.asarray(slots)))
                 if kind == "free":
                     free_bm = bitmap
                 else:
