@@ -41,21 +41,65 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def _scalar(text: str):
+    text = text.strip()
+    if text in ("null", "~", ""):
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    if text[:1] in "'\"" and text[-1:] == text[:1]:
+        return text[1:-1]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_config_yaml(path: Path) -> dict:
+    """Flat {dotted.key: scalar} from the block-style mapping a replay writes as config.yaml (yaml.safe_dump of
+    nested dicts of scalars). Only that subset is read (reports import no YAML library); lists and anything else
+    are skipped, so a value is either read exactly or absent."""
+    out, stack = {}, []  # stack of (indent, key)
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith(("#", "- ")):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        key, sep, rest = line.strip().partition(":")
+        if not sep or (rest and not rest.startswith(" ")):
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        name = ".".join([k for _, k in stack] + [key.strip()])
+        rest = rest.strip()
+        if rest == "":
+            stack.append((indent, key.strip()))
+        elif not rest.startswith(("[", "{", "|", ">", "&", "*", "!")):
+            out[name] = _scalar(rest)
+    return out
+
+
+# metrics.json keys that repeat a config key under another name
+METRIC_TO_CONFIG = {"hardware": "hardware.preset", "model": "model.preset", "draft_tokens": "spec.draft_tokens",
+                    "num_gpus": "hardware.num_gpus"}
+
+
 def _replay_row(metrics_path: Path) -> dict:
-    """A standalone replay dir: metrics.json, plus config.json when the replay wrote one (flattened)."""
+    """A standalone replay dir: metrics.json, plus the config it ran (config.yaml / config.json) flattened."""
     metrics = _read_json(metrics_path)
     if not isinstance(metrics, dict):
         raise ValueError("metrics.json is not an object")
     row = {}
-    for name in ("config.json", "resolved_config.json"):
-        cfg = metrics_path.parent / name
-        if cfg.exists():
-            row.update(_flatten(_read_json(cfg)))
-    for key in ("config", "resolved_config"):
-        if isinstance(metrics.get(key), dict):
-            row.update(_flatten(metrics[key]))
+    if (metrics_path.parent / "config.yaml").exists():
+        row.update(read_config_yaml(metrics_path.parent / "config.yaml"))
+    if (metrics_path.parent / "config.json").exists():
+        row.update(_flatten(_read_json(metrics_path.parent / "config.json")))
+    for key, dotted in METRIC_TO_CONFIG.items():
+        if key in metrics and dotted not in row and not isinstance(metrics[key], (dict, list)):
+            row[dotted] = metrics[key]
     row.update({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in metrics.items()
-                if k not in ("config", "resolved_config")})
+                if k not in row})
     row.setdefault("status", "ok")
     return row
 

@@ -79,8 +79,10 @@ def pin(df: pd.DataFrame, keep: tuple, prefer: dict | None = None) -> tuple[pd.D
     for col in config_columns(df):
         if col in keep or col in REPLICATE_KEYS or col not in df.columns or df.empty:
             continue
-        values = df[col].astype("object").where(df[col].notna(), None)
-        counts = values.map(fmt_value).value_counts()
+        owner = scope_of(col)
+        applies = (df["system"] == owner) if owner and "system" in df.columns else pd.Series(True, index=df.index)
+        values = df[col].astype("object").where(df[col].notna(), None).map(fmt_value)
+        counts = values[applies].value_counts()
         if len(counts) <= 1:
             continue
         if col in prefer and fmt_value(prefer[col]) in counts.index:
@@ -88,9 +90,18 @@ def pin(df: pd.DataFrame, keep: tuple, prefer: dict | None = None) -> tuple[pd.D
         else:
             top = counts[counts == counts.max()].index
             chosen = sorted(top, key=lambda s: (s != "default", _num_or_inf(s), s))[0]
-        df = df[values.map(fmt_value) == chosen]
-        notes.append(f"{col} = {chosen}")
+        df = df[~applies | (values == chosen)]
+        notes.append(f"{col} = {chosen}" + (f" ({owner})" if owner else ""))
     return df, notes
+
+
+def scope_of(col: str) -> str | None:
+    """The system a config key applies to (None: all); other systems' rows are never filtered on it."""
+    if col in ("policy", "cpu_storage") or col.startswith("ulacache."):
+        return "ulacache"
+    if col.startswith("hisparse."):
+        return "hisparse"
+    return None
 
 
 def _num_or_inf(text: str) -> float:

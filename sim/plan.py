@@ -130,8 +130,13 @@ def default_config() -> Path:
 def _evaluation(c: int, metrics: dict | None, slo_metric: str, error: str = "") -> Evaluation:
     if metrics is None:
         return Evaluation(c, 0.0, math.inf, 0, ok=False, error=error)
-    return Evaluation(c, float(metrics.get("decode_throughput_tok_s", 0.0)),
-                      float(metrics.get(slo_metric, math.inf)), int(metrics.get("max_admitted_concurrency", 0)))
+    tpot = metrics.get(slo_metric)
+    if tpot is None or not math.isfinite(float(tpot)):  # no request completed: TPOT unknown, not a feasible point
+        return Evaluation(c, float(metrics.get("decode_throughput_tok_s") or 0.0), math.inf,
+                          int(metrics.get("max_admitted_concurrency") or 0), ok=False,
+                          error=f"{slo_metric} missing (no request completed; run requests to completion)")
+    return Evaluation(c, float(metrics.get("decode_throughput_tok_s") or 0.0), float(tpot),
+                      int(metrics.get("max_admitted_concurrency") or 0))
 
 
 def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, systems: list[str],
@@ -200,8 +205,17 @@ def _add_speedups(plan: dict) -> None:
 def _write_json(path: Path, data: dict) -> None:
     import os
 
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [finite(x) for x in v]
+        return v
+
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=lambda v: None if v == math.inf else str(v)))
+    tmp.write_text(json.dumps(finite(data), indent=2, default=str))
     os.replace(tmp, path)
 
 
