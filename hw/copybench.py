@@ -28,9 +28,18 @@ def _rotating(fn_of_set, sets: int = NUM_SETS):
     return fn
 
 
+def _inner(n: int, row_bytes: int) -> int:
+    """Back-to-back calls per timed sample: enough that small batches are not timed as host launch gaps."""
+    return max(1, min(20, (8 << 20) // max(1, n * row_bytes)))
+
+
 def bench_exchange(row_bytes: int, sizes: list[int], *, host_rows: int, gpu_rows: int, variants=("flat",),
-                   unrolls=(8,), victims: bool = True, seed: int = 0, repeat: int = 20) -> list[dict]:
-    """Swap-in exchange host->GPU of `n` scattered rows for each n in sizes (time, GB/s)."""
+                   unrolls=(4,), seed: int = 0, repeat: int = 15) -> list[dict]:
+    """Swap-in exchange host->GPU of n scattered rows (every GPU slot holds a victim) for each n in sizes.
+
+    variants: "flat" / "lines" (fused swap kernel, see copy_rows.cu), "split" (stage victims in HBM, read the
+    incoming rows, write the victims back: all three), "split_read" (stage + read only: the critical path when the
+    write-back overlaps later GPU work), "read_only" (no victims: free GPU slots)."""
     from ulacache.backends.cupy_copy import HostPool, exchange_rows
 
     cp = cupy()
@@ -41,16 +50,46 @@ def bench_exchange(row_bytes: int, sizes: list[int], *, host_rows: int, gpu_rows
     out = []
     for n in sizes:
         hs, gs = _index_sets(rng, host_rows, n), _index_sets(rng, gpu_rows, n)
-        vic = cp.full(n, 1 if victims else 0, dtype=cp.uint8)
+        yes, no = cp.ones(n, dtype=cp.uint8), cp.zeros(n, dtype=cp.uint8)
+        stage = cp.empty((n, row_bytes), dtype=cp.uint8)
+        ar = cp.arange(n, dtype=cp.int64)
         for variant in variants:
             for u in unrolls:
-                fn = _rotating(lambda i: exchange_rows(gpu, host, gs[i], hs[i], vic, row_bytes, variant=variant,
-                                                       unroll=u))
-                t = time_gpu(fn, repeat=repeat)
+                if variant in ("flat", "lines", "read_only"):
+                    vic = no if variant == "read_only" else yes
+                    v = "flat" if variant == "read_only" else variant
+                    f = lambda i, vic=vic, v=v, u=u: exchange_rows(gpu, host, gs[i], hs[i], vic, row_bytes,
+                                                                   variant=v, unroll=u)
+                elif variant == "split":
+                    f = lambda i, u=u: _split_full(gpu, host, gs[i], hs[i], stage, ar, row_bytes, u)
+                elif variant == "split_read":
+                    f = lambda i, u=u: _stage_and_read(gpu, host, gs[i], hs[i], stage, row_bytes, u)
+                else:
+                    raise ValueError(f"unknown exchange variant {variant!r}")
+                t = time_gpu(_rotating(f), repeat=repeat, inner=_inner(n, row_bytes))
                 out.append({"row_bytes": row_bytes, "num_rows": n, "variant": variant, "unroll": u,
-                            "victims": victims, "time_s": t["median_s"], "time_p90_s": t["p90_s"],
+                            "time_s": t["median_s"], "time_p90_s": t["p90_s"],
                             "h2d_gb_s": n * row_bytes / t["median_s"] / 1e9})
     return out
+
+
+def _split_full(gpu, host, gi, hi, stage, ar, row_bytes, unroll):
+    """All three phases of the split exchange, every row with a victim (write-back on the same stream)."""
+    from ulacache.backends.cupy_copy import gather_rows
+
+    _stage_and_read(gpu, host, gi, hi, stage, row_bytes, unroll)
+    gather_rows(host, stage, hi, ar, row_bytes, unroll=unroll)
+
+
+def _stage_and_read(gpu, host, gi, hi, stage, row_bytes, unroll):
+    """Phases 1 and 2 of the split exchange (victims staged in HBM, incoming rows read over PCIe)."""
+    from ulacache.backends.cupy_copy import _kernel, gather_rows, ptr_of, vectors_per_row
+
+    vpr = vectors_per_row(row_bytes)
+    n = int(gi.size)
+    k = _kernel("stage_victims", vpr, unroll)
+    k((-(-n * vpr // 256),), (256,), (np.uint64(ptr_of(gpu)), stage, gi, np.int32(n), np.int32(vpr)))
+    gather_rows(gpu, host, gi, hi, row_bytes, unroll=unroll)
 
 
 def bench_gather(row_bytes: int, sizes: list[int], *, src_rows: int, dst_rows: int, mode: str = "pull",
@@ -80,8 +119,8 @@ def bench_gather(row_bytes: int, sizes: list[int], *, src_rows: int, dst_rows: i
         with cp.cuda.Device(kdev):
             ss, ds = _index_sets(rng, src_rows, n), _index_sets(rng, dst_rows, n)
             for u in unrolls:
-                fn = _rotating(lambda i: gather_rows(dst, src, ds[i], ss[i], row_bytes, unroll=u))
-                t = time_gpu(fn, repeat=repeat)
+                fn = _rotating(lambda i, u=u: gather_rows(dst, src, ds[i], ss[i], row_bytes, unroll=u))
+                t = time_gpu(fn, repeat=repeat, inner=_inner(n, row_bytes))
                 out.append({"row_bytes": row_bytes, "num_rows": n, "mode": mode, "unroll": u,
                             "time_s": t["median_s"], "time_p90_s": t["p90_s"],
                             "gb_s": n * row_bytes / t["median_s"] / 1e9})

@@ -61,8 +61,9 @@ def summarize(samples_s: list[float]) -> dict:
     return {"median_s": statistics.median(s), "p10_s": q(0.1), "p90_s": q(0.9), "min_s": s[0], "n": len(s)}
 
 
-def time_gpu(fn, *, warmup: int = 3, repeat: int = 20, stream=None) -> dict:
-    """Median / p10 / p90 device time of `fn()` measured with CUDA events on `stream` (after warm-up)."""
+def time_gpu(fn, *, warmup: int = 3, repeat: int = 20, stream=None, inner: int = 1) -> dict:
+    """Median / p10 / p90 device time of `fn()` measured with CUDA events on `stream` (after warm-up); with
+    inner > 1 each sample runs fn `inner` times back to back (keeps the GPU queue full: no host launch gaps)."""
     cp = cupy()
     stream = stream or cp.cuda.get_current_stream()
     for _ in range(warmup):
@@ -72,10 +73,11 @@ def time_gpu(fn, *, warmup: int = 3, repeat: int = 20, stream=None) -> dict:
     for _ in range(repeat):
         a, b = cp.cuda.Event(), cp.cuda.Event()
         a.record(stream)
-        fn()
+        for _ in range(inner):
+            fn()
         b.record(stream)
         b.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+        samples.append(cp.cuda.get_elapsed_time(a, b) * 1e-3 / inner)
     return summarize(samples)
 
 

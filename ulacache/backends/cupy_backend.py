@@ -16,11 +16,15 @@ import numpy as np
 _KERNELS = Path(__file__).with_name("kernels")
 _BLOCK = 256
 _DEDUP_BYTES_PER_BLOCK = _BLOCK * 64
-_SELECT_WORDS_PER_BLOCK = _BLOCK * 4  # WPT in access.cu
+_SELECT_WORDS_PER_BLOCK = _BLOCK * 1  # WPT in access.cu
+
+
+def _module():
+    return _module_on(cp.cuda.Device().id)
 
 
 @functools.lru_cache(maxsize=None)
-def _module():
+def _module_on(device_id: int):  # one module per device: a module is loaded into one device's context
     return cp.RawModule(code=(_KERNELS / "access.cu").read_text(), options=("-std=c++17",))
 
 

@@ -27,12 +27,19 @@ def _cupy():
     return cupy
 
 
-@functools.lru_cache(maxsize=None)
 def _copy_module(unroll: int):
+    """The compiled row movers, one module per device (a module is loaded into one device's context)."""
+    return _copy_module_on(unroll, _cupy().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_module_on(unroll: int, device_id: int):
     cp = _cupy()
     names = [f"gather_rows<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
     names += [f"exchange_rows<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
     names += [f"exchange_rows_lines<{v},{unroll}>" for v in _FIXED_VPR]
+    names += [f"exchange_rows_dev<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
+    names += [f"stage_victims<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
     code = (_KERNELS / "copy_rows.cu").read_text()
     mod = cp.RawModule(code=code, options=("-std=c++17",), name_expressions=names)
     return mod
@@ -139,3 +146,33 @@ def exchange_rows(gpu_pool, host_pool, gpu_idx, host_idx, victim, row_bytes: int
           stream=stream)
     else:
         raise ValueError(f"exchange_rows: unknown variant {variant!r} (flat | lines)")
+
+
+def exchange_rows_split(gpu_pool, host_pool, gpu_idx, host_idx, victim, row_bytes: int, *, stage=None,
+                        writeback_stream=None, unroll: int = 4, stream=None):
+    """Split exchange: (1) stage the victims' rows in HBM, (2) read the incoming rows host -> GPU (PCIe reads only),
+    (3) write the staged victims to the vacated host slots (PCIe writes only), on `writeback_stream` if given, so the
+    write-back can overlap later GPU work; the next exchange must be ordered after it (the returned event).
+    Same final bytes as `exchange_rows`."""
+    cp = _cupy()
+    vpr = vectors_per_row(row_bytes)
+    stream = stream or cp.cuda.get_current_stream()
+    gi, hi = _idx(gpu_idx), _idx(host_idx)
+    vmask = cp.asarray(victim).astype(cp.bool_, copy=False)
+    vg, vh = gi[vmask], hi[vmask]
+    nv = int(vg.size)
+    if stage is None or stage.shape[0] < nv:
+        stage = cp.empty((max(nv, 1), row_bytes), dtype=cp.uint8)
+    with stream:
+        ar = cp.arange(nv, dtype=cp.int64)  # made before the event: the write-back stream reads it
+        if nv:
+            k = _kernel("stage_victims", vpr, unroll)
+            k((_grid(nv * vpr, 1, None),), (_BLOCK,), (np.uint64(ptr_of(gpu_pool)), stage, vg, np.int32(nv),
+                                                       np.int32(vpr)), stream=stream)
+        gather_rows(gpu_pool, host_pool, gi, hi, row_bytes, unroll=unroll, stream=stream)
+    ev = stream.record()
+    wb = writeback_stream or stream
+    wb.wait_event(ev)
+    if nv:
+        gather_rows(host_pool, stage, vh, ar, row_bytes, unroll=unroll, stream=wb)
+    return wb.record(), stage

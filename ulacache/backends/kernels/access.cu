@@ -138,7 +138,7 @@ extern "C" __global__ void bitmap_summary(const unsigned long long* __restrict__
 
 // ---- select_first: per segment the lowest `counts[r]` set slots -----------------------------------------------------
 // Grid: (chunks_per_seg, num_segments); a block owns WPB = blockDim.x * WPT words of its segment.
-#define WPT 4
+#define WPT 1  // words per thread (v1 used 4: 16 blocks for a 1M-slot segment was too few)
 __device__ __forceinline__ int chunk_popc(const unsigned long long* words, const unsigned int* summary,
                                           long long w0, long long wend, unsigned long long* mine) {
   int c = 0;

@@ -122,3 +122,60 @@ __global__ void __launch_bounds__(256) exchange_rows_lines(uint4* __restrict__ g
     }
   }
 }
+
+// Exchange of rank r's misses straight from the device-resident access batch (hw pipeline): rows
+// [mbase[r], mbase[r+1]) of (dests, src places, victims); GPU slot = dest - g_off, host slot = src - h_off. The row
+// count is read on the device, so the launch needs no host synchronisation (persistent grid, grid-stride).
+template <int VPR, int U>
+__global__ void __launch_bounds__(256) exchange_rows_dev(uint4* __restrict__ gpu, uint4* __restrict__ host,
+                                                         const long long* __restrict__ dests,
+                                                         const long long* __restrict__ src,
+                                                         const long long* __restrict__ victims,
+                                                         const long long* __restrict__ mbase, int r, long long g_off,
+                                                         long long h_off, int vpr_rt) {
+  const int vpr = vpr_of<VPR>(vpr_rt);
+  const long long begin = mbase[r];
+  const long long total = (mbase[r + 1] - begin) * vpr;
+  const long long tile = (long long)blockDim.x * U;
+  for (long long base = (long long)blockIdx.x * tile; base < total; base += (long long)gridDim.x * tile) {
+    uint4 in[U], out[U];
+    long long g[U], h[U];
+    bool sw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      long long e = base + (long long)u * blockDim.x + threadIdx.x;
+      g[u] = -1;
+      sw[u] = false;
+      if (e < total) {
+        long long i = e / vpr;
+        int k = (int)(e - i * vpr);
+        h[u] = (src[begin + i] - h_off) * vpr + k;
+        g[u] = (dests[begin + i] - g_off) * vpr + k;
+        sw[u] = victims[begin + i] >= 0;
+        in[u] = host[h[u]];
+        if (sw[u]) out[u] = gpu[g[u]];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (g[u] >= 0) {
+        gpu[g[u]] = in[u];
+        if (sw[u]) host[h[u]] = out[u];
+      }
+    }
+  }
+}
+
+// Split exchange, phase 1 (HBM only): stage the victims' rows into a GPU scratch buffer (row i of the batch).
+template <int VPR, int U>
+__global__ void __launch_bounds__(256) stage_victims(const uint4* __restrict__ gpu, uint4* __restrict__ stage,
+                                                     const long long* __restrict__ gpu_idx, int n, int vpr_rt) {
+  const int vpr = vpr_of<VPR>(vpr_rt);
+  const long long total = (long long)n * vpr;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+       e += (long long)gridDim.x * blockDim.x) {
+    int r = (int)(e / vpr);
+    int k = (int)(e - (long long)r * vpr);
+    stage[e] = gpu[gpu_idx[r] * vpr + k];
+  }
+}

@@ -1,0 +1,160 @@
+"""`ulacache hw calibrate`: measure the cost-model keys of `sim.costs.CostModel` on this GPU host and write the
+calibration YAML (`provenance:` + `costs:`) that `ulacache replay --calibration FILE` reads.
+
+Measured: launch overhead; HBM efficiency (D2D copy); management cost of the device pb-lru pipeline per reference,
+per distinct reference and per miss (graph-replayed access + commit on batches of several shapes); PCIe H2D / D2H
+and NVLink latency and row efficiency by transfer size and row size, with the row movers the pipeline uses (H2D:
+exchange into free slots, reads only; D2H: the fused swap exchange, whose write-back direction is the slower one;
+peer: pull gather from the other GPU).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from hw.fit import fit_latency_bandwidth, fit_nonnegative
+from hw.gpu import command_line, copy_ceilings, cupy, device_facts, launch_overhead_s, time_gpu, utc_now
+
+ROW_SIZES = (128, 256, 656, 1152, 2048)
+LINK_ROWS = (256, 1024, 4096, 16384, 65536)
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def measure_management(shapes, history: int = 32768, gpu_slots: int = 1 << 20, seed: int = 0) -> list[dict]:
+    """(refs, unique, misses, graph time of access + commit) for batches of the given (requests, q, top_k)."""
+    from hw.pipeline import DevicePbLru
+    from hw.workload import Selector, build_cache, to_addresses
+
+    cp = cupy()
+    max_req = max(s[0] for s in shapes)
+    cache, addrs = build_cache(max_req, history, gpu_slots, max_req * history - gpu_slots + 65536)
+    sel = Selector(max_req, history, 2048, 4, seed=seed)
+    out = []
+    stream = cp.cuda.Stream(non_blocking=True)
+    for step, (nreq, q, top_k) in enumerate(shapes):
+        pos = sel.step()[:nreq, :q, :top_k]
+        refs = to_addresses(addrs[:nreq], pos)
+        dev = DevicePbLru(cache, refs.size)
+        dev.load(cache)
+        plan = cache.access(refs)
+        dev.set_refs(refs)
+        snap = dev.snapshot()
+        with stream:
+            stream.begin_capture()
+            dev.launch_access(plan.now)
+            dev.launch_commit(plan.now)
+            graph = stream.end_capture()
+
+        def run(graph=graph):
+            graph.launch(stream)
+
+        samples = []
+        for _ in range(7):
+            with stream:
+                dev.restore(snap)
+            samples.append(time_gpu(run, warmup=0, repeat=1, stream=stream)["median_s"])
+        cache.commit(plan)
+        out.append({"num_requests": nreq, "q": q, "top_k": top_k, "num_refs": plan.num_refs,
+                    "num_unique": plan.num_unique, "num_misses": plan.num_misses,
+                    "time_s": float(np.median(samples[1:]))})
+    return out
+
+
+def measure_links(ceil: dict, quick: bool) -> dict:
+    from hw import copybench
+
+    rows = LINK_ROWS[:3] if quick else LINK_ROWS
+    host_rows, gpu_rows = (200_000, 100_000) if quick else (400_000, 200_000)
+    res = {"h2d": [], "d2h": [], "peer": []}
+    for rb in ROW_SIZES:
+        hr = min(host_rows, (512 << 20) // rb)
+        gr = min(gpu_rows, hr // 2)
+        sizes = [n for n in rows if n <= gr]
+        res["h2d"] += copybench.bench_exchange(rb, sizes, host_rows=hr, gpu_rows=gr, variants=("read_only",),
+                                               repeat=9)
+        res["d2h"] += copybench.bench_exchange(rb, sizes, host_rows=hr, gpu_rows=gr, variants=("flat",), repeat=9)
+        if "p2p_gb_s" in ceil:
+            res["peer"] += copybench.bench_gather(rb, sizes, src_rows=hr, dst_rows=gr, mode="pull", unrolls=(4,),
+                                                  repeat=9)
+    return res
+
+
+def run(quick: bool = False) -> tuple[dict, dict]:
+    raw = {"date": utc_now(), "command": command_line(), "device": device_facts()}
+    ceil = copy_ceilings(nbytes=(64 if quick else 256) << 20)
+    raw["ceilings"], raw["launch"] = ceil, launch_overhead_s()
+    costs = {"launch_s": raw["launch"]["launch_device_gap_s"]}
+    from sim.presets import HARDWARE_PRESETS
+
+    hbm = HARDWARE_PRESETS["h200"].hbm_bw_bytes_s
+    costs["hbm_efficiency"] = min(1.0, ceil["d2d_rw_gb_s"] * 1e9 / hbm)
+    links = measure_links(ceil, quick)
+    raw["links"] = links
+    fits = {}
+    for kind, key_bw, bw in (("h2d", "pcie_h2d_bw_bytes_s", ceil["h2d_gb_s"] * 1e9),
+                             ("d2h", "pcie_d2h_bw_bytes_s", ceil["d2h_gb_s"] * 1e9),
+                             ("peer", "nvlink_bw_bytes_s", ceil.get("p2p_gb_s", 0) * 1e9)):
+        rows = links[kind]
+        if not rows:
+            continue
+        costs[key_bw] = bw
+        table = {}
+        for rb in ROW_SIZES:
+            pts = [r for r in rows if r["row_bytes"] == rb]
+            if len(pts) >= 2:
+                f = fit_latency_bandwidth([p["num_rows"] for p in pts], [p["time_s"] for p in pts], rb, bw)
+                fits[f"{kind}_{rb}"] = f
+                table[rb] = round(f["efficiency"], 4)
+        costs[f"{kind}_row_efficiency_by_bytes"] = table
+        if 656 in table:
+            costs[f"{kind}_row_efficiency"] = table[656]
+    lat = [fits[k]["latency_s"] for k in fits if k.startswith(("h2d_656", "d2h_656"))]
+    if lat:
+        costs["pcie_latency_s"] = float(np.mean(lat))
+    if "peer_656" in fits:
+        costs["nvlink_latency_s"] = fits["peer_656"]["latency_s"]
+    raw["link_fits"] = fits
+    shapes = ([(16, 1, 512), (16, 4, 512), (64, 4, 512)] if quick else
+              [(16, 1, 2048), (32, 4, 2048), (64, 1, 2048), (64, 4, 2048), (128, 2, 2048), (128, 4, 2048),
+               (256, 1, 2048), (256, 4, 2048)])
+    mg = measure_management(shapes, history=8192 if quick else 32768, gpu_slots=(1 << 17) if quick else 1 << 20)
+    raw["management"] = mg
+    X = [[1.0, m["num_refs"], m["num_unique"], m["num_misses"]] for m in mg]
+    f = fit_nonnegative(X, [m["time_s"] for m in mg], ["const_s", "per_ref_s", "per_unique_s", "per_miss_s"])
+    raw["management_fit"] = f
+    costs["mgmt_kernels"] = f["const_s"] / costs["launch_s"]
+    costs["mgmt_per_ref_s"], costs["mgmt_per_unique_s"] = f["per_ref_s"], f["per_unique_s"]
+    costs["mgmt_per_miss_s"] = f["per_miss_s"]
+    costs = {k: (v if isinstance(v, dict) else float(v)) for k, v in costs.items()}
+    prov = {"device": f"{raw['device']['gpu']} x{raw['device']['num_gpus']}", "date": raw["date"],
+            "command": raw["command"], "git_commit": _git_commit(),
+            "note": "management = device pb-lru pipeline (access + commit, CUDA graph); h2d = exchange into free "
+                    "slots; d2h = fused swap exchange; peer = pull gather"}
+    return {"provenance": prov, "costs": costs}, raw
+
+
+def main(args) -> int:
+    calib, raw = run(quick=args.quick)
+    from sim.costs import CostModel
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(calib, sort_keys=False))
+    CostModel.load("h200", "glm-5", calibration=out)  # the simulator accepts it (unknown keys would raise)
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=1, default=float))
+    for k, v in calib["costs"].items():
+        print(f"{k}: {v}")
+    print(f"management fit: median rel err {raw['management_fit']['median_rel_err']:.3f}")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,66 @@
+"""`ulacache hw bench|calibrate|validate`: the real-hardware validator's commands (cheap to import: work is in handlers)."""
+from __future__ import annotations
+
+import argparse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def register(subparsers) -> None:
+    hw = subparsers.add_parser("hw", help="GPU kernels, calibration and validation on a CUDA host")
+    sub = hw.add_subparsers(dest="hw_command", metavar="HW_COMMAND")
+    sub.required = True
+
+    b = sub.add_parser("bench", help="access-batch rate, row exchange and peer gather bandwidths -> JSON")
+    b.add_argument("--out", default="hw/results/bench.json", help="JSON file to write")
+    b.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    b.add_argument("--sections", default="", help="comma list of ceilings,access,exchange,peer (default all)")
+    b.set_defaults(func=_bench)
+
+    c = sub.add_parser("calibrate", help="measure the simulator's cost-model keys -> calibration YAML")
+    c.add_argument("--out", default="hw/calibration/h200.yaml", help="calibration YAML to write")
+    c.add_argument("--json", default="", help="also write the raw measurements here")
+    c.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    c.set_defaults(func=_calibrate)
+
+    v = sub.add_parser("validate", help="replay a trace on the GPU and in the cost model; per-step error -> JSON")
+    v.add_argument("trace", help="trace directory (requests.parquet + trace.yaml) or 'synthetic'")
+    v.add_argument("--ranks", type=_positive_int, default=1, help="TP ranks (1 = DP on one GPU)")
+    v.add_argument("--calibration", default="hw/calibration/h200.yaml", help="calibration YAML for the cost model")
+    v.add_argument("--steps", type=_positive_int, default=40, help="decode steps to replay")
+    v.add_argument("--requests", type=_positive_int, default=64, help="running requests (first N of the trace)")
+    v.add_argument("--history", type=_positive_int, default=16384, help="tokens of history per request (cap)")
+    v.add_argument("--gpu-slots", type=_positive_int, default=1 << 18, help="GPU pool slots per rank")
+    v.add_argument("--local-buffer-slots", type=int, default=0, help="TP local buffer slots per rank (0 = gpu slots)")
+    v.add_argument("--row-bytes", type=_positive_int, default=656, help="KV row bytes (656 FP8 MLA, 1152 BF16)")
+    v.add_argument("--draft-tokens", type=int, default=3, help="speculative draft tokens (query tokens = 1 + this)")
+    v.add_argument("--backend", choices=("cupy", "numpy"), default="cupy",
+                   help="cupy: real GPU run; numpy: CPU dry run of the same logic (no timings)")
+    v.add_argument("--out", default="validate.json", help="JSON file to write")
+    v.set_defaults(func=_validate)
+
+
+def _bench(args) -> int:
+    from hw import bench
+
+    return bench.main(args)
+
+
+def _calibrate(args) -> int:
+    from hw import calibrate
+
+    return calibrate.main(args)
+
+
+def _validate(args) -> int:
+    from hw import validate
+
+    return validate.main(args)

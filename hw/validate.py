@@ -1,0 +1,158 @@
+"""`ulacache hw validate TRACE --ranks N`: replay one trace's decode steps on the GPU(s) and in the simulator's cost
+model; report the per-step error of management + transfer time and both hit counts.
+
+Per step: the numpy facade (what the simulator's policy runner executes) plans the access batch; on the GPU the
+device pb-lru pipeline plans the same batch from the same state (its misses, slots and victims must be identical),
+moves the real bytes (pools in HBM and pinned host memory: exchange with swap, writes of new tokens' KV allocated
+to the CPU tier, and in TP the peer gathers into each rank's local buffer over NVLink) and commits. The GPU time of
+that region is compared with `management_s + max over ranks (exchange_s + peer_s)` of `sim.costs.CostModel` with
+the calibration. Every entry's bytes encode its logical address; integrity is checked over all entries at the end.
+`--backend numpy` runs the same index logic on CPU arrays (no timings): the CI check of any rank count.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hw.executors import make_executor
+from hw.gpu import command_line, utc_now
+from hw.workload import Selector, to_addresses
+from ulacache import CacheConfig, UlaCache
+
+
+def payload_rows(addrs: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The bytes an entry carries: 8-byte words `addr ^ (word_index << 40)` (row_bytes a multiple of 8)."""
+    words = np.asarray(addrs, dtype=np.int64)[:, None] ^ (np.arange(row_bytes // 8, dtype=np.int64) << 40)
+    return words.view(np.uint8).reshape(len(addrs), row_bytes)
+
+
+class TraceSelections:
+    """Selections of a trace directory (traces.open_trace) for the first `n` requests, as Selector.step() does."""
+
+    def __init__(self, path: str, n: int, history: int, q: int):
+        import traces
+
+        tr = traces.open_trace(path)
+        req = tr.requests.iloc[:n]
+        if len(req) < n:
+            raise ValueError(f"{path}: trace has {len(req)} requests, --requests asks for {n}")
+        self.src, self.q = tr.selections, q
+        self.ids = req["request_id"].to_numpy(np.int64)
+        self.hist = np.minimum(req["input_tokens"].to_numpy(np.int64), history)
+        self.top_k = int(tr.selections.top_k)
+        self.step_no = 0
+
+    def step(self) -> np.ndarray:
+        steps = np.full(self.ids.size, self.step_no, dtype=np.int64)
+        self.step_no += 1
+        return np.asarray(self.src.select(self.ids, self.hist, steps, 0, self.q), dtype=np.int64)
+
+
+def _positions_to_refs(addrs: list, pos: np.ndarray) -> np.ndarray:
+    refs = to_addresses(addrs, np.maximum(pos, 0))
+    return np.where(pos < 0, -1, refs)
+
+
+def predict_s(costs, plan, row_bytes: int, num_ranks: int) -> float:
+    """The cost model's management + transfer time of a plan (transfers of the ranks run in parallel)."""
+    mgmt = costs.management_s(plan.num_refs, plan.num_unique, plan.num_misses)
+    per_rank = [costs.exchange_s(int(plan.h2d_rows_per_rank[r]), int(plan.d2h_rows_per_rank[r]), row_bytes)
+                + costs.peer_s(int(plan.peer_rows_per_rank[r]), row_bytes) for r in range(num_ranks)]
+    return mgmt + max(per_rank)
+
+
+def run(args) -> dict:
+    from sim.costs import CostModel
+
+    R, q, rb = args.ranks, 1 + max(0, args.draft_tokens), args.row_bytes
+    if rb % 16:
+        raise ValueError(f"--row-bytes {rb}: must be a multiple of 16")
+    mode = "tp" if R > 1 else "dp"
+    calib = Path(args.calibration) if args.calibration else None
+    if calib is not None and not calib.is_file():
+        raise OSError(f"calibration file not found: {calib}")
+    costs = CostModel.load("h200", "glm-5", calibration=calib)
+    n, hist = args.requests, args.history
+    if args.trace == "synthetic":
+        sel = Selector(n, hist, 2048, q, seed=0)
+        hist_per_req = np.full(n, hist, dtype=np.int64)
+    else:
+        sel = TraceSelections(args.trace, n, hist, q)
+        hist_per_req = sel.hist
+    total = int(hist_per_req.sum())
+    cpu_slots = -(-(total + n * args.steps + 65536) // R)
+    cache = UlaCache(CacheConfig(mode=mode, num_ranks=R, gpu_slots=args.gpu_slots, cpu_slots=cpu_slots,
+                                 policy="pb-lru", backend="numpy", local_buffer_slots=args.local_buffer_slots))
+    ids = list(range(n))
+    cache.alloc_many(ids, hist_per_req.tolist(), [i % R for i in ids] if mode == "dp" else None)
+    addrs = [cache.request_addresses(i) for i in ids]
+    ex = make_executor(args.backend, cache, rb)
+    all_addrs = np.concatenate(addrs)
+    ex.write(all_addrs, cache.space.phys[all_addrs].astype(np.int64), payload_rows(all_addrs, rb))
+    steps, pending = [], []
+    for step in range(args.steps):
+        refs = _positions_to_refs(addrs, sel.step())
+        plan = cache.access(refs)
+        meas = ex.run_step(plan, refs, pending)
+        pending = []
+        cache.commit(plan)
+        diffs = ex.check_state()
+        pred = predict_s(costs, plan, rb, R)
+        rec = {"step": step, **plan.counts(), "predicted_s": pred, "device_hits": meas.get("num_hits"),
+               "mismatches": meas.get("diffs", []) + diffs}
+        if "measured_s" in meas:
+            rec["measured_s"] = meas["measured_s"]
+            rec["rel_err"] = (pred - meas["measured_s"]) / meas["measured_s"]
+            rec["parts_s"] = meas.get("parts_s", {})
+        steps.append(rec)
+        new = cache.alloc_many(ids, [1] * n, [i % R for i in ids] if mode == "dp" else None)
+        places = cache.space.phys[new].astype(np.int64)
+        ex.write_new(new, places, payload_rows(new, rb), pending)
+    ex.flush(pending)
+    checked = ex.verify(cache, payload_rows)
+    errs = np.array([abs(s["rel_err"]) for s in steps if "rel_err" in s])
+    out = {
+        "date": utc_now(), "command": command_line(), "device": ex.facts(), "trace": args.trace, "ranks": R,
+        "mode": mode, "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
+        "gpu_slots_per_rank": args.gpu_slots, "calibration": str(calib) if calib else None,
+        "hits_facade": int(sum(s["num_hits"] for s in steps)),
+        "hits_device": (int(sum(s["device_hits"] for s in steps)) if all(s["device_hits"] is not None for s in steps)
+                        else None),
+        "mismatched_steps": int(sum(bool(s["mismatches"]) for s in steps)),
+        "exchanges": int(sum(s["num_exchanges"] for s in steps)),
+        "peer_fetches": int(sum(s["num_peer_fetches"] for s in steps)),
+        "integrity": checked,
+        "per_step": steps,
+    }
+    if errs.size:
+        signed = np.array([s["rel_err"] for s in steps if "rel_err" in s])
+        out["error"] = {"median_abs": float(np.median(errs)), "p90_abs": float(np.quantile(errs, 0.9)),
+                        "median_signed": float(np.median(signed)), "max_abs": float(errs.max())}
+        out["measured_s_median"] = float(np.median([s["measured_s"] for s in steps]))
+        out["predicted_s_median"] = float(np.median([s["predicted_s"] for s in steps]))
+    return out
+
+
+def main(args) -> int:
+    from ulacache import CapacityError
+
+    try:
+        out = run(args)
+    except CapacityError as exc:
+        raise ValueError(f"the trace's working set does not fit (raise --gpu-slots or lower --requests): {exc}") from None
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1, default=float))
+    print(f"{out['mode']} ranks={out['ranks']} steps={out['steps']} hits facade={out['hits_facade']} "
+          f"device={out['hits_device']} mismatched_steps={out['mismatched_steps']} exchanges={out['exchanges']} "
+          f"peer_fetches={out['peer_fetches']}")
+    if "error" in out:
+        e = out["error"]
+        print(f"per-step error of management + transfer time: median {e['median_abs']:.3f}, p90 {e['p90_abs']:.3f} "
+              f"(signed median {e['median_signed']:+.3f}); measured median {out['measured_s_median'] * 1e6:.0f} us, "
+              f"predicted {out['predicted_s_median'] * 1e6:.0f} us")
+    print(f"integrity: {out['integrity']}")
+    print(f"wrote {path}")
+    return 0 if out["mismatched_steps"] == 0 and out["integrity"]["bad"] == 0 else 1
