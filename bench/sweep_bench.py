@@ -3,7 +3,10 @@
 Prints points per minute for both and the speed-up; writes bench/results/sweep.json. The Ray run is timed end to
 end (Ray start included) and without Ray's start-up (Ray started first, then the sweep timed).
 
-    .venv/bin/python bench/sweep_bench.py [--config configs/demo.yaml] [--seeds 6]
+    .venv/bin/python bench/sweep_bench.py [--config BASE.yaml] [--seeds 6]
+
+Without --config the points use the built-in BENCH_CONFIG below (demo-sized: 4 short requests of the `small`
+profile, 4 GB GPU / CPU KV budgets per GPU, 2 of 21 indexer groups through the policy, the policy every 4th step).
 """
 from __future__ import annotations
 
@@ -24,8 +27,12 @@ sys.path.insert(0, str(ROOT))
 
 from sim.sweep import parse_grid, run_sweep  # noqa: E402
 
-# small, fast points: few short requests, a few decode steps
-SETS = ["workload.num_requests=4", "workload.max_steps=8", "hardware.num_gpus=8"]
+BENCH_CONFIG = {"system": "ulacache", "attention": "dp", "hardware": {"preset": "h200", "num_gpus": 8},
+                "model": {"preset": "glm-5.2"},
+                "workload": {"profile": "small", "num_requests": 4, "max_concurrency": 2, "seed": 0},
+                "memory": {"gpu_kv_bytes_per_gpu": 4e9, "cpu_kv_bytes_per_gpu": 4e9},
+                "fidelity": {"policy_groups": 2, "step_stride": 4}}
+SETS: list[str] = []
 
 
 def grid(seeds: int) -> list[str]:
@@ -74,11 +81,19 @@ def timed_sweep(config: Path, items: list[str], sets: list[str], workers: int, p
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
+    ap.add_argument("--config", type=Path, default=None, help="base config (default: the built-in BENCH_CONFIG)")
     ap.add_argument("--seeds", type=int, default=6, help="seeds per (system, cap): points = 9 x seeds")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sweep.json")
     args = ap.parse_args()
     items = grid(args.seeds)
+    if args.config is None:
+        import yaml
+
+        args.config = Path(tempfile.mkdtemp(prefix="sweep_bench_cfg_")) / "bench.yaml"
+        args.config.write_text(yaml.safe_dump(BENCH_CONFIG))
+        config_desc = {"builtin": BENCH_CONFIG}
+    else:
+        config_desc = str(args.config)
     runs = [timed_sweep(args.config, items, SETS, 1, pre_start_ray=False),
             timed_sweep(args.config, items, SETS, 2, pre_start_ray=True)]
     one, two = runs
@@ -91,7 +106,7 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "platform": platform.platform(),
                     "python": platform.python_version()},
-        "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
+        "config": config_desc,
         "grid": items, "set": SETS, "runs": [one, two, e2e],
         "speedup_2_vs_1_workers": round(two["points_per_min"] / one["points_per_min"], 3),
         "speedup_2_vs_1_workers_incl_ray_start": round(e2e["points_per_min"] / one["points_per_min"], 3),
