@@ -58,7 +58,7 @@ class SelectionSpec:
     deep_overlap_spread: float = 0.06
     fresh_frac: float = 0.30
     min_candidates: int = 2
-    max_candidates: int = 6
+    max_candidates: int = 8
     drift_steps: int = 256
     band_groups: int = 4
     spec_share: float = 0.6
@@ -103,8 +103,12 @@ class SelectionSpec:
         for s, w, what in ((self.num_sink, self.num_recent, ""), (self.early_num_sink, self.early_num_recent, "early_")):
             if s + w >= self.top_k:
                 raise bad(f"{what}num_sink + {what}num_recent must be < top_k ({self.top_k})")
-        if not 1 <= self.min_candidates <= self.max_candidates <= 64:
-            raise bad("need 1 <= min_candidates <= max_candidates <= 64")
+        if not 1 <= self.min_candidates <= self.max_candidates <= 1024:
+            raise bad("need 1 <= min_candidates <= max_candidates <= 1024")
+        for name in ("min_candidates", "max_candidates"):
+            v = getattr(self, name)
+            if v & (v - 1):
+                raise bad(f"{name} must be a power of two, got {v}")
         if self.drift_steps < 1 or self.drift_steps & (self.drift_steps - 1):
             raise bad(f"drift_steps must be a power of two, got {self.drift_steps}")
         if self.band_groups < 1:
@@ -224,9 +228,10 @@ class SyntheticSelections:
             key = mix32(band_key ^ mix32(i * np.uint32(0x85EBCA77) ^ seed32))
             u_type = (mix32(key ^ np.uint32(0x7E9E)) >> np.uint32(8)).astype(np.float64) / float(1 << 24)
             phase = mix32(key ^ np.uint32(0x9A5E)) & np.uint32(sp.drift_steps - 1)
-            span = sp.max_candidates - sp.min_candidates + 1
-            cands = sp.min_candidates + (mix32(key ^ np.uint32(0xCA4D)) % np.uint32(span)).astype(np.int64)
-        inv_cands = float(np.mean(1.0 / np.arange(sp.min_candidates, sp.max_candidates + 1)))
+            lo_log, hi_log = sp.min_candidates.bit_length() - 1, sp.max_candidates.bit_length() - 1
+            span = hi_log - lo_log + 1  # candidate counts: powers of two, uniform in log2
+            cands = np.left_shift(1, lo_log + (mix32(key ^ np.uint32(0xCA4D)) % np.uint32(span)).astype(np.int64))
+        inv_cands = float(np.mean([2.0 ** -e for e in range(lo_log, hi_log + 1)]))
         fs, fr, ff = _solve_mixture(target, sp, early, s, w, kp, inv_cands)
         kind = np.where(u_type < fs, 0, np.where(u_type < fs + fr, 1, 2))
 
@@ -320,7 +325,7 @@ class SyntheticSelections:
             mstart = j * dom // kp
             mlen = (j + 1) * dom // kp - mstart
             cw = np.minimum(length // 2, mlen - mlen // 2)
-            cands = np.minimum(blk.cands, cw)
+            cands = _floor_pow2(np.minimum(blk.cands, np.maximum(cw, 1)))
             multi = cands > 1
             room1 = np.where(multi, (cw - 1) // np.maximum(cands - 1, 1), 0)
             i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)
@@ -328,7 +333,7 @@ class SyntheticSelections:
             tab = {"start": i32(start), "mstart": i32(mstart), "lo": i32(start + plan.num_sink),
                    "fold_shift": i32(mstart + mlen // 2 - start), "ln": i32(length),
                    "ln_fold": i32(mlen - mlen // 2), "ln_half": i32(length // 2), "cw": u32(cw),
-                   "cands": u32(cands), "cands_m1": u32(cands - 1), "room1": u32(room1), "step_on": u32(multi),
+                   "cand_shift": u32(32 - np.maximum(_log2(cands), 1)), "cands_m1": u32(cands - 1), "room1": u32(room1), "step_on": u32(multi),
                    "par": u32(i & 1)}
             if len(self._tables_cache) > 1024:
                 self._tables_cache.clear()
@@ -395,7 +400,6 @@ class SyntheticSelections:
                     stride = ck
                     room = tb["cw"] - tb["cands_m1"] * stride
                     base = lo + (hi * room >> u16).view(np.int32)
-                    ncand = np.broadcast_to(tb["cands"], (r, m)).copy()
                     fix = cut < tb["cw"][bcol].astype(np.int32)
                     fr, fc = brow[fix], bcol[fix]
                     base[fr, fc] = lo[fr, fc] + (hi[fr, fc] * cut[fix].astype(np.uint32) >> u16).astype(np.int32)
@@ -427,21 +431,20 @@ class SyntheticSelections:
                         np.multiply(diverge, qkeys[qi], out=d)
                         d ^= ts
                         d *= MIX32
-                    d >>= u16
-                    if kind == 1:
-                        d *= ncand
-                        d >>= u16
+                    if kind == 1:  # candidate index from the top bits (candidate counts are powers of two)
+                        d >>= tb["cand_shift"]
                         d *= stride
                         np.add(d.view(np.int32), base, out=dst[:, qi, :], casting="unsafe")
-                    elif plan.early:
+                        continue
+                    d >>= u16
+                    if plan.early:
                         d *= ln
                         d >>= np.uint32(15)
                         d &= np.uint32(0xFFFFFFFE)
-                        np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
                     else:
                         d *= ln
                         d >>= u16
-                        np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
+                    np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
         return out
 
     def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
@@ -484,6 +487,16 @@ def _domains(hm: np.ndarray, kp: int) -> np.ndarray:
     x = (hm.astype(np.int64) * (2 * kp)) // (kp + 4)
     dom = np.left_shift(np.int64(1), np.floor(np.log2(x.astype(np.float64))).astype(np.int64))
     return np.where(dom * 2 <= x, dom * 2, np.where(dom > x, dom // 2, dom))  # guard float rounding
+
+
+def _floor_pow2(x: np.ndarray) -> np.ndarray:
+    """Largest power of two <= x (x >= 1), elementwise."""
+    return np.left_shift(1, _log2(x)).astype(np.int64)
+
+
+def _log2(x: np.ndarray) -> np.ndarray:
+    """floor(log2(x)) for integers x >= 1 (exact for x < 2**52)."""
+    return np.frexp(np.asarray(x, np.float64))[1].astype(np.int64) - 1
 
 
 def _check_select_args(request_ids, history_lens, steps, num_query_tokens):
