@@ -15,10 +15,13 @@ class BucketBitmaps:
         self.num_recent = num_recent
         self.ring = np.zeros((num_recent + 1, num_places // 8), dtype=np.uint8)
         self.cold = np.zeros(num_places // 8, dtype=np.uint8)
+        # Members per bucket (ring rows, then cold): lets the candidate search skip empty buckets without a scan.
+        self.count = np.zeros(num_recent + 2, dtype=np.int64)
 
     def copy(self) -> BucketBitmaps:
         other = BucketBitmaps.__new__(BucketBitmaps)
         other.num_recent, other.ring, other.cold = self.num_recent, self.ring.copy(), self.cold.copy()
+        other.count = self.count.copy()
         return other
 
     def row(self, stamp: int) -> int:
@@ -26,16 +29,21 @@ class BucketBitmaps:
 
     def rotate(self, now: int) -> None:
         i = self.row(now)
-        np.bitwise_or(self.cold, self.ring[i], out=self.cold)
-        self.ring[i] = 0
+        if self.count[i]:
+            np.bitwise_or(self.cold, self.ring[i], out=self.cold)
+            self.ring[i] = 0
+            self.count[-1] += self.count[i]
+            self.count[i] = 0
 
     def _write(self, be, age: int, now: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear
         if age > self.num_recent:
             self.cold = be.to_numpy(op(be.asarray(self.cold), be.asarray(slots)))
+            self.count[-1] += slots.size if value else -slots.size
         else:
             i = self.row(now - age)
             self.ring[i] = be.to_numpy(op(be.asarray(self.ring[i]), be.asarray(slots)))
+            self.count[i] += slots.size if value else -slots.size
 
     def remove(self, be, slots: np.ndarray, stamps: np.ndarray, now: int) -> None:
         """Take occupied slots out of whatever bucket their stamps put them in (age >= 0 at `now`)."""
@@ -57,11 +65,17 @@ class BucketBitmaps:
     def get(self, kind: str, row: int) -> np.ndarray:
         return self.cold if kind == "cold" else self.ring[row]
 
-    def put(self, kind: str, row: int, bitmap: np.ndarray) -> None:
+    def size(self, kind: str, row: int) -> int:
+        return int(self.count[-1] if kind == "cold" else self.count[row])
+
+    def put(self, kind: str, row: int, bitmap: np.ndarray, taken: int) -> None:
+        """Install `bitmap`, the bucket's bitmap after `taken` members were claimed as replacement slots."""
         if kind == "cold":
             self.cold = bitmap
+            self.count[-1] -= taken
         else:
             self.ring[row] = bitmap
+            self.count[row] -= taken
 
 
 __all__ = ["BucketBitmaps"]

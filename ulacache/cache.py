@@ -93,8 +93,9 @@ class UlaCache:
         return self.alloc_many([request_id], [num_tokens], [rank])
 
     def alloc_many(self, request_ids, counts, ranks=None) -> np.ndarray:
-        """Allocate counts[i] tokens for request_ids[i] (on ranks[i] in DP; default 0); addresses concatenated in
-        request order. All or nothing: CapacityError (nothing changed) when any does not fit."""
+        """Allocate counts[i] tokens for request_ids[i] (on ranks[i] in DP; default 0; in TP the homes are spread over
+        the ranks by free space and `ranks` is ignored); addresses concatenated in request order. New tokens go to
+        the GPU pool while it has free slots (pb-lru, lru). All or nothing: CapacityError (nothing changed)."""
         self._idle("allocate")
         ids = _int_array(request_ids, "request_ids").ravel()
         counts = _int_array(counts, "counts").ravel()

@@ -155,7 +155,10 @@ class HiSparsePolicy:
         miss_addrs, miss_req = uniq[~hit], req[~hit]
         plan.num_hits, plan.num_misses = int(hit.sum()), int(miss_addrs.size)
         lru_hit = hit & (gslot % self.seg % (D + 1) != D) & (self.hist_len[req] > D + 1)  # fast path: no update
-        rows = np.unique(self.region_of[np.concatenate([req[lru_hit], miss_req])])
+        touched = np.zeros(self.lru.shape[0], dtype=bool)  # regions whose LRU order changes (ascending)
+        touched[self.region_of[req[lru_hit]]] = True
+        touched[self.region_of[miss_req]] = True
+        rows = np.flatnonzero(touched)
         new_order, miss_slots, victims = self.lru[rows], np.zeros(0, np.int64), np.zeros(0, np.int64)
         if rows.size:
             row_of_region = np.full(self.lru.shape[0], -1, dtype=np.int64)
@@ -163,8 +166,9 @@ class HiSparsePolicy:
             base = self.region_base(rows)
             hitmark = np.zeros(self.num_gpu_places, dtype=bool)
             hitmark[gslot[lru_hit]] = True
-            order = self.lru[rows].astype(np.int64)
-            H = hitmark[base[:, None] + order]
+            order = self.lru[rows]
+            slots2d = base[:, None] + order
+            H = hitmark[slots2d]
             m = np.bincount(row_of_region[self.region_of[miss_req]], minlength=rows.size)
             htot = H.sum(axis=1)
             if (m + htot > D).any():
@@ -173,15 +177,15 @@ class HiSparsePolicy:
                     f"a hisparse request selects {int(m[bad] + htot[bad])} distinct non-newest tokens in one batch; "
                     f"its device buffer holds {D}"
                 )
-            e_idx = np.cumsum(~H, axis=1) - 1
-            h_idx = np.cumsum(H, axis=1) - 1
+            e_idx = np.cumsum(~H, axis=1, dtype=np.int32) - 1
+            h_idx = np.cumsum(H, axis=1, dtype=np.int32) - 1
             mm, ht = m[:, None], htot[:, None]
             front = D - ht - mm
             newpos = np.where(H, D - ht + h_idx, np.where(e_idx < mm, front + (mm - 1 - e_idx), e_idx - mm))
             new_order = np.empty_like(order)
             np.put_along_axis(new_order, newpos, order, axis=1)
             take = ~H & (e_idx < mm)
-            miss_slots = (base[:, None] + order)[take]  # row-major: grouped by row, least recent first
+            miss_slots = slots2d[take]  # row-major: grouped by row, least recent first
             grp = np.argsort(row_of_region[self.region_of[miss_req]], kind="stable")
             miss_addrs = miss_addrs[grp]
             victims = self.gowner[miss_slots]

@@ -39,6 +39,8 @@ class PbLruPolicy(ExclusivePolicy):
         for kind, row in sources:
             if not remaining.any():
                 break
+            if kind != "free" and buckets.size(kind, row) == 0:
+                continue
             bitmap = free_bm if kind == "free" else buckets.get(kind, row)
             bm = be.asarray(bitmap)
             slots, found = be.select_first(bm, be.summary(bm), gpu.seg, be.asarray(remaining))
@@ -48,7 +50,7 @@ class PbLruPolicy(ExclusivePolicy):
                 if kind == "free":
                     free_bm = bitmap
                 else:
-                    buckets.put(kind, row, bitmap)
+                    buckets.put(kind, row, bitmap, slots.size)
                 parts.append(slots)
             remaining = remaining - found
         assert not remaining.any(), "capacity was checked before selection"
@@ -86,6 +88,8 @@ class PbLruPolicy(ExclusivePolicy):
         member += cold
         assert (expect[cold.astype(bool)] == -2).all(), "cold bucket holds a recent or free slot"
         assert (member[occ] == 1).all(), "an occupied slot is in no bucket or in two"
+        sizes = [int(np.unpackbits(r).sum()) for r in self.buckets.ring] + [int(cold.sum())]
+        assert sizes == self.buckets.count.tolist(), "bucket member counts drifted"
         assert (member.sum() == occ.size), "a free slot is in a bucket"
 
 
