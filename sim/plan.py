@@ -235,7 +235,7 @@ def print_plan(plan: dict) -> None:
 
     table = Table(title=f"peak decode throughput with {plan['slo_metric']} <= {plan['slo_tpot_ms']} ms "
                         f"({plan['model']}, {plan['num_gpus']}x{plan['hardware']}, {plan['attention']} attention)")
-    for col in ("system", "peak tok/s", "at cap", "admitted", "TPOT ms", "vs hisparse", "replays", "search stop"):
+    for col in ("system", "peak tok/s", "at cap", "admitted", "TPOT ms", "vs HiSparse", "replays", "search stop"):
         table.add_column(col, justify="left" if col in ("system", "search stop") else "right")
     for name, entry in plan["systems"].items():
         best = entry["best"]
@@ -247,8 +247,11 @@ def print_plan(plan: dict) -> None:
                       f"{best['tpot_ms']:.2f}", f"{speed:.2f}x" if speed else "-", str(entry["num_replays"]),
                       entry["reason"])
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
     console.print(table)
-    console.print(f"plan.json and plan.png written beside: {plan.get('plot', '')}", markup=False)
+    plot = Path(plan.get("plot", "plan.png"))
+    console.print(f"plan: {plot.with_name('plan.json')}, {plot}", markup=False, highlight=False)
 
 
 def plot_plan(plan: dict, path: Path) -> None:
