@@ -121,6 +121,11 @@ def _check(key: str, value, rule):
             raise ValueError(f"config key {key} must be an integer, got {value!r}")
         value = int(value)
     elif kind == "float":
+        if isinstance(value, str):  # YAML 1.1 reads 2.5e9 (no sign in the exponent) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"config key {key} must be a number, got {value!r}")
         value = float(value)

@@ -1,8 +1,8 @@
 """The node on simpy: GPUs (a compute stream and a copy stream each), one PCIe link per GPU per direction and one
 NVLink port per GPU per direction.
 
-A `Link` is a processor-sharing server: every transfer first waits its per-transfer latency, then joins the link;
-the n transfers on a link each progress at bandwidth / n. Instead of a polling process the link keeps one pending
+A `Link` is a processor-sharing server: the n transfers on a link each progress at bandwidth / n; its per-transfer
+latency is added by the caller after the transfers it waits for (latency is not occupancy). Instead of a polling process the link keeps one pending
 wake-up (a simpy timeout for the earliest completion) and re-plans it whenever a transfer joins or leaves, so the
 event count is O(transfers), not O(time).
 """
@@ -53,17 +53,15 @@ class Link:
         self.busy_s = 0.0
 
     def transfer(self, num_bytes: float, label: str = "") -> simpy.Event:
-        """Start a transfer of `num_bytes` (occupancy bytes); the returned event fires when it completes."""
+        """Start a transfer of `num_bytes` (occupancy bytes); the event fires when its bytes are through. The
+        per-transfer `latency` is not link occupancy: the caller adds it once per batch of concurrent transfers."""
         done = self.env.event()
         if num_bytes <= 0:
             done.succeed()
             return done
         self.bytes_total += num_bytes
         entry = [float(num_bytes), done, self.env.now, label, float(num_bytes)]
-        if self.latency > 0:
-            self.env.timeout(self.latency).callbacks.append(lambda _e, entry=entry: self._join(entry))
-        else:
-            self._join(entry)
+        self._join(entry)
         return done
 
     def _advance(self):

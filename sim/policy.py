@@ -48,9 +48,11 @@ def sampled_groups(num_groups: int, want: int, shallow: int) -> list[int]:
 def group_map(num_groups: int, picked: list[int], shallow: int) -> np.ndarray:
     """For every group, the simulated group whose ratios it uses (itself if simulated; shallow ones stay apart)."""
     deep = [g for g in picked if g >= shallow] or picked
+    early = [g for g in picked if g < shallow] or deep
     out = np.empty(num_groups, dtype=np.int64)
     for g in range(num_groups):
-        out[g] = g if g in picked else min(deep, key=lambda p: (abs(p - g), -p))
+        pool = early if g < shallow else deep
+        out[g] = g if g in picked else min(pool, key=lambda p: (abs(p - g), -p))
     return out
 
 

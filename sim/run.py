@@ -34,8 +34,10 @@ def load_workload(cfg: SimConfig):
         requests = trace.requests.sort_values(["arrival_s", "request_id"], kind="stable")
         requests = requests.head(wl["num_requests"]).reset_index(drop=True)
     else:
-        requests = traces.generate_requests(wl["profile"], wl["num_requests"], wl["seed"])
-        source = traces.SyntheticSelections({"num_groups": model.num_index_groups, "top_k": model.top_k},
+        profile = traces.load_profile(wl["profile"])
+        requests = traces.generate_requests(profile, wl["num_requests"], wl["seed"])
+        spec = {**profile.selections, "num_groups": model.num_index_groups, "top_k": model.top_k}
+        source = traces.SyntheticSelections(traces.SelectionSpec.from_dict(spec, f"profile {profile.name}"),
                                             seed=wl["seed"])
     return requests, source
 
@@ -53,8 +55,11 @@ def check_requests(requests) -> None:
         raise ValueError("request_id values must be unique")
 
 
-def cache_factory(cfg: SimConfig, system):
-    """make_cache(group, k) -> a library cache sized for 1/k of the requests (k = request sampling stride)."""
+def cache_factory(cfg: SimConfig, system, max_request_tokens: int):
+    """make_cache(group, k) -> a library cache sized for 1/k of the requests (k = request sampling stride).
+
+    Sampled pools get slack when k > 1: one request's working set on the GPU and one whole request in the logical
+    (CPU) tier, so an uneven sample never fails an allocation the full system would have made."""
     from ulacache import CacheConfig, UlaCache
 
     cap = system.capacity
@@ -70,14 +75,15 @@ def cache_factory(cfg: SimConfig, system):
             buf = cap.device_buffer_slots
             ranks = 1 if system.tp else cfg.num_gpus  # TP replicates: every rank holds the same state
             gpu = max(scaled(cap.gpu_pool_slots, k, buf + 1), buf + 1)
-            cpu = max(scaled(cap.cpu_pool_slots, k, 0), 1)
+            cpu = max(scaled(cap.cpu_pool_slots, k, max_request_tokens), 1)
             cc = CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
                              device_buffer_slots=buf, row_bytes=row, seed=cfg.workload["seed"])
         else:
             mode = "tp" if system.tp else "dp"
             ranks = cfg.num_gpus
-            gpu = max(scaled(cap.gpu_pool_slots, k, ws / m), 64)
-            cpu = scaled(cap.cpu_pool_slots, k, ws / m) if cfg.cpu_storage else 0
+            gpu_slack = ws / m + (0 if cfg.cpu_storage else max_request_tokens / m)
+            gpu = max(scaled(cap.gpu_pool_slots, k, gpu_slack), 64)
+            cpu = scaled(cap.cpu_pool_slots, k, max_request_tokens / m) if cfg.cpu_storage else 0
             local = scaled(cap.local_buffer_slots, k, ws) if system.tp else 0
             cc = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy=cfg.policy,
                              num_recent_buckets=cfg.ulacache["num_recent_buckets"], local_buffer_slots=local,
@@ -172,7 +178,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     mean_tokens = float((requests["input_tokens"] + requests["output_tokens"]).mean())
     system = make_system(cfg, budget, mean_tokens)
     recorder = TraceRecorder() if trace_events else None
-    make_cache = cache_factory(cfg, system) if system.uses_policy else None
+    max_tokens = int((requests["input_tokens"] + requests["output_tokens"]).max()) + cfg.query_tokens
+    make_cache = cache_factory(cfg, system, max_tokens) if system.uses_policy else None
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache)
     with _progress(progress, engine.n_req) as tick:
         engine.run(tick)

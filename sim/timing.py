@@ -90,71 +90,62 @@ class StepTimer:
         return elapsed + tail, totals
 
     def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: np.ndarray):
+        """Rank r's part of group g. Per-transfer latency is paid once after the gating transfers (it is not link
+        occupancy); concurrent transfers on one link share its bandwidth (processor sharing)."""
         env, node, rec = self.env, self.node, self.recorder
         track = f"gpu{r} compute"
         tracing = rec is not None and rec.enabled
         t0 = env.now
         n = w.layers
-        mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n
-        pre = w.indexer_s + w.allgather_s + (mgmt if w.prefetch else 0.0)
+        mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n  # HiSparse's swap-in kernel runs per layer
+        pre = w.indexer_s + w.allgather_s + mgmt
         if pre > 0:
             yield env.timeout(pre)
-        if tracing:
-            a = t0 + w.indexer_s
-            rec.span(track, f"indexer g{g}", t0, a)
-            rec.span(track, f"allgather g{g}", a, a + w.allgather_s)
-            if w.prefetch:
-                rec.span(track, f"mgmt g{g}", a + w.allgather_s, env.now)
         layer_c = w.attention_s + w.ffn_s + w.collective_s
         first = 1 if w.prefetch else n
-        flows = []
+        flows, lat = [], 0.0
         if w.h2d_bytes > 0:
             flows.append(node.h2d[r].transfer(w.h2d_bytes * first, f"h2d g{g}"))
+            lat = max(lat, node.h2d[r].latency)
         if w.peer_bytes > 0:
             flows.append(node.nvlink[r].transfer(w.peer_bytes * first, f"peer g{g}"))
+            lat = max(lat, node.nvlink[r].latency)
         if w.d2h_bytes > 0:
             ev = node.d2h[r].transfer(w.d2h_bytes * first, f"d2h g{g}")
             if w.d2h_blocking:
                 flows.append(ev)
+                lat = max(lat, node.d2h[r].latency)
         t1 = env.now
-        if not w.prefetch:  # HiSparse-style: per layer, the swap-in kernel then attention, in series
-            if mgmt > 0:
-                yield env.timeout(mgmt)
-            if flows:
-                yield simpy.AllOf(env, flows)
-            stall = env.now - t1 - mgmt
-            t2 = env.now
-            yield env.timeout(n * layer_c)
-            extra = 0.0
+        if flows:
+            yield simpy.AllOf(env, flows) if len(flows) > 1 else flows[0]
+        stall = env.now - t1 + lat
+        t2 = env.now + lat
+        rest = []
+        if w.prefetch and n > 1:
+            if w.h2d_bytes > 0:
+                rest.append(node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}"))
+            if w.peer_bytes > 0:
+                rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))
+            if w.d2h_bytes > 0:
+                ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
+                if w.d2h_blocking:
+                    rest.append(ev)
+        if rest:  # layer 1, then layers 2..n-1 overlapping the prefetch, then layer n once its data is in
+            yield env.timeout(lat + layer_c)
+            wait = [env.timeout((n - 2) * layer_c)] if n > 2 else []
+            yield simpy.AllOf(env, wait + rest)
+            yield env.timeout(layer_c)
         else:
-            if flows:
-                yield simpy.AllOf(env, flows)
-            stall = env.now - t1
-            t2 = env.now
-            rest = []
-            if n > 1:
-                if w.h2d_bytes > 0:
-                    rest.append(node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}"))
-                if w.peer_bytes > 0:
-                    rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))
-                if w.d2h_bytes > 0:
-                    ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
-                    if w.d2h_blocking:
-                        rest.append(ev)
-            if rest:  # layer 1, then layers 2..n-1 overlapping the prefetch, then layer n after its data
-                yield env.timeout(layer_c)
-                wait = [env.timeout((n - 2) * layer_c)] if n > 2 else []
-                yield simpy.AllOf(env, wait + rest)
-                yield env.timeout(layer_c)
-            else:
-                yield env.timeout(n * layer_c)
-            extra = (env.now - t2) - n * layer_c
+            yield env.timeout(lat + n * layer_c)
+        extra = max(0.0, (env.now - t2) - n * layer_c)
         if tracing:
-            if not w.prefetch and mgmt > 0:
-                rec.span(track, f"swap-in mgmt g{g}", t1, t1 + mgmt)
-            rec.span(track, f"layers g{g} (x{n})", t2, env.now, {"stall_s": stall + extra})
+            a = t0 + w.indexer_s
+            rec.span(track, f"indexer g{g}", t0, a)
+            rec.span(track, f"allgather g{g}", a, a + w.allgather_s)
+            rec.span(track, f"{'mgmt' if w.prefetch else 'swap-in mgmt'} g{g}", a + w.allgather_s, t1)
+            rec.span(track, f"layers g{g} (x{n})", t2, env.now, {"transfer_stall_s": stall + extra})
         row = parts[i]
         row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
-        row[3] = stall + max(0.0, extra)
+        row[3] = stall + extra
         row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
         yield barrier.arrive(r)
