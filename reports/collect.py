@@ -158,7 +158,7 @@ def collect(root) -> Results:
     if rows:
         frames.append(pd.DataFrame(rows))
 
-    for path in sorted(root.rglob("validate.json")):
+    for path in sorted(root.rglob("*validate*.json")):
         try:
             data = _read_json(path)
         except (OSError, ValueError) as exc:

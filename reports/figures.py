@@ -219,13 +219,19 @@ def policy_hit_rate(df, res, out_dir):
         u = u[u.groupby(key)["policy"].transform("nunique") == 2]
     if u.empty:
         raise Skip("needs ulacache runs with both policy=pb-lru and policy=lru under the same settings")
-    sub, notes = pin(u, keep=(X, "policy", "attention", "hardware.preset", "spec.draft_tokens", "model.preset"),
+    # x axis: the concurrency cap or the GPU pool size, whichever the both-policy runs vary more
+    choices = [(X, "concurrency cap (requests)", "concurrency_cap"),
+               ("ulacache.gpu_pool_slots", "GPU pool size per rank (token slots)", "gpu_pool_slots")]
+    choices = [c for c in choices if c[0] in u.columns]
+    xkey, xlabel, xname = max(choices, key=lambda c: u[c[0]].nunique())
+    u = u[u[xkey].notna()]
+    sub, notes = pin(u, keep=(xkey, "policy", "attention", "hardware.preset", "spec.draft_tokens", "model.preset"),
                      prefer={"cpu_storage": True})
     groups = facets(sub)
-    fig, axes = _grid(len(groups), w=5.4, h=3.8)
+    fig, axes = _grid(len(groups), w=max(5.4, 1.3 * sub[xkey].nunique() + 2), h=3.8)
     rows = []
     for ax, (title, g) in zip(axes, groups):
-        p = g.groupby([X, "policy"])["gpu_hit_rate"].mean().unstack("policy")
+        p = g.groupby([xkey, "policy"])["gpu_hit_rate"].mean().unstack("policy")
         p = p.dropna() if {"pb-lru", "lru"} <= set(p.columns) else p.iloc[0:0]
         if p.empty:
             ax.set_visible(False)
@@ -235,17 +241,17 @@ def policy_hit_rate(df, res, out_dir):
             ax.bar([x + (j - 0.5) * 0.4 for x in xs], 100 * p[pol], width=0.4, label=pol, color=_color(pol, j))
         for x, (a, b) in enumerate(zip(p["pb-lru"], p["lru"])):
             ax.annotate(f"{100 * (a - b):+.2f} pt", (x, 100 * max(a, b)), ha="center", va="bottom", fontsize=8)
-            rows.append({"setting": title, "concurrency_cap": p.index[x], "pb-lru_hit_pct": 100 * a,
+            rows.append({"setting": title, xname: p.index[x], "pb-lru_hit_pct": 100 * a,
                          "lru_hit_pct": 100 * b, "difference_pt": 100 * (a - b)})
         ax.set_xticks(list(xs), [str(int(v)) for v in p.index])
-        ax.set_xlabel("concurrency cap (requests)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("GPU hit rate (%)")
         lo = 100 * min(p.min())
-        ax.set_ylim(max(0, lo - 10), 101)
+        ax.set_ylim(max(0, lo - 10), 104)
         ax.set_title(title or "ulacache", fontsize=10)
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="lower right")
     if not rows:
-        raise Skip("no concurrency cap was run with both policies under the same settings")
+        raise Skip("no setting was run with both policies")
     fig.suptitle("GPU hit rate: bucketed PB-LRU vs exact LRU (ulacache)")
     png = _save(fig, out_dir, "policy_hit_rate.png")
     return Figure("policy", "GPU hit rate of pb-lru vs exact lru", png,
@@ -292,55 +298,70 @@ def miss_ratio_curve(df, res, out_dir):
 
 
 # ---------------------------------------------------------------------------------------------- 7. sim vs hw
-PRED_KEYS = ("predicted_s", "sim_s", "predicted", "sim", "predicted_us", "sim_us", "predicted_ms", "sim_ms")
-MEAS_KEYS = ("measured_s", "hw_s", "measured", "hw", "measured_us", "hw_us", "measured_ms", "hw_ms")
+# `hw validate` writes per_step records with predicted_s / measured_s (management + transfer time of one step)
+PAIRS = (("predicted_s", "measured_s", 1e6), ("predicted_us", "measured_us", 1.0), ("predicted_ms", "measured_ms",
+                                                                                    1e3))
 
 
-def _pairs(node, path=""):
-    """Yield (label, predicted, measured, unit) from any record in validate.json that holds both."""
+def _pairs(node):
+    """Yield (predicted_us, measured_us) from every record in validate.json that holds both."""
     if isinstance(node, dict):
-        pk = next((k for k in PRED_KEYS if isinstance(node.get(k), (int, float))), None)
-        mk = next((k for k in MEAS_KEYS if isinstance(node.get(k), (int, float))), None)
-        if pk and mk:
-            unit = pk.rsplit("_", 1)[1] if "_" in pk else node.get("unit", "")
-            label = str(node.get("name") or node.get("case") or node.get("kind") or path)
-            yield label, float(node[pk]), float(node[mk]), unit
-            return
-        for k, v in node.items():
-            yield from _pairs(v, f"{path}.{k}" if path else str(k))
+        for pk, mk, to_us in PAIRS:
+            p, m = node.get(pk), node.get(mk)
+            if isinstance(p, (int, float)) and isinstance(m, (int, float)) and not isinstance(p, bool):
+                yield float(p) * to_us, float(m) * to_us
+                return
+        for v in node.values():
+            if isinstance(v, (dict, list)):
+                yield from _pairs(v)
     elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _pairs(v, path)
+        for v in node:
+            yield from _pairs(v)
+
+
+def _validation_label(v: dict) -> str:
+    d = v["data"] if isinstance(v["data"], dict) else {}
+    dev = d.get("device")
+    dev = dev.get("name") or dev.get("device") if isinstance(dev, dict) else dev
+    parts = [f"{d['mode']}" if d.get("mode") else None, f"{d['ranks']} ranks" if d.get("ranks") else None,
+             str(dev) if dev else None]
+    return ", ".join(p for p in parts if p) or v["_path"]
 
 
 def sim_vs_hw(df, res, out_dir):
-    pts = []
+    rows = []
     for v in res.validations:
-        for label, p, m, unit in _pairs(v["data"]):
-            pts.append({"file": v["_path"], "case": label, "predicted": p, "measured": m, "unit": unit})
-    if not pts:
+        label = _validation_label(v)
+        rows += [{"file": v["_path"], "setting": label, "predicted_us": p, "measured_us": m}
+                 for p, m in _pairs(v["data"])]
+    if not rows:
         raise Skip("no hw validate.json with predicted/measured pairs under this directory")
-    t = pd.DataFrame(pts)
-    fig, ax = plt.subplots(figsize=(6.2, 5.6))
-    for i, (unit, g) in enumerate(t.groupby("unit")):
-        ax.scatter(g["measured"], g["predicted"], label=f"cases ({unit or 'as recorded'})", alpha=0.8)
-    lo = min(t["measured"].min(), t["predicted"].min())
-    hi = max(t["measured"].max(), t["predicted"].max())
-    ax.plot([lo, hi], [lo, hi], "k--", label="y = x")
+    t = pd.DataFrame(rows)
+    fig, ax = plt.subplots(figsize=(6.4, 5.8))
+    for (f, label), g in t.groupby(["file", "setting"], sort=False):
+        ax.scatter(g["measured_us"], g["predicted_us"], alpha=0.7, s=18,
+                   label=f"{label} ({len(g)} steps)" if t["file"].nunique() == 1 else f"{label}: {f}")
+    lo = min(t["measured_us"].min(), t["predicted_us"].min())
+    hi = max(t["measured_us"].max(), t["predicted_us"].max())
+    ax.plot([lo, hi], [lo, hi], "k--", label="y = x (perfect prediction)")
     if lo > 0:
         ax.set_xscale("log")
         ax.set_yscale("log")
-    unit = t["unit"].iloc[0] if t["unit"].nunique() == 1 else "mixed units"
-    ax.set_xlabel(f"measured on hardware ({unit})")
-    ax.set_ylabel(f"simulator prediction ({unit})")
-    ax.set_title("Simulator vs hardware (hw validate)")
+    ax.set_xlabel("measured on the GPU (us per step)")
+    ax.set_ylabel("simulator cost model (us per step)")
+    ax.set_title("Simulator vs hardware: management + transfer time per step")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     png = _save(fig, out_dir, "sim_vs_hw.png")
-    t["error_pct"] = 100 * (t["predicted"] - t["measured"]) / t["measured"]
+    t["error_pct"] = 100 * (t["predicted_us"] - t["measured_us"]) / t["measured_us"]
+    summary = t.groupby(["file", "setting"], sort=False).agg(
+        steps=("error_pct", "size"), median_abs_error_pct=("error_pct", lambda e: e.abs().median()),
+        median_signed_error_pct=("error_pct", "median"), measured_median_us=("measured_us", "median"),
+        predicted_median_us=("predicted_us", "median")).reset_index()
     return Figure("simhw", "Simulator vs hardware", png,
-                  "Each point is one validated case: the simulator's predicted time vs the time measured on the GPU "
-                  "host.", t)
+                  "Each point is one validated decode step replayed on the GPU host by `hw validate`: the "
+                  "simulator's predicted management + transfer time (same formulas as the replay) vs the measured "
+                  "time.", summary)
 
 
 # ---------------------------------------------------------------------------------------------- 8. plans

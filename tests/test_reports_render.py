@@ -92,9 +92,8 @@ def make_results(root: Path, with_extras: bool = True) -> Path:
     (root / "plan").mkdir()
     (root / "plan" / "plan.json").write_text(json.dumps(plan))
     (root / "hw").mkdir()
-    (root / "hw" / "validate.json").write_text(json.dumps({"cases": [
-        {"name": f"case{i}", "predicted_us": 40.0 * (i + 1) * 1.1, "measured_us": 40.0 * (i + 1)}
-        for i in range(6)]}))
+    (root / "hw" / "validate.json").write_text(json.dumps({"mode": "tp", "ranks": 8, "per_step": [
+        {"step": i, "predicted_s": 40e-6 * (i + 1) * 1.1, "measured_s": 40e-6 * (i + 1)} for i in range(6)]}))
     return root
 
 
@@ -161,3 +160,14 @@ def test_reports_imports_only_pandas_matplotlib_stdlib():
                 import sys
 
                 assert top in allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"
+
+
+def test_sim_vs_hw_errors_from_validate_json(full_report):
+    root, _ = full_report
+    from reports.figures import sim_vs_hw
+
+    fig = sim_vs_hw(None, collect(root), root / "report")
+    row = fig.table.iloc[0]
+    assert row["steps"] == 6 and row["setting"] == "tp, 8 ranks"
+    assert row["median_signed_error_pct"] == pytest.approx(10.0)
+    assert row["measured_median_us"] == pytest.approx(140.0)
