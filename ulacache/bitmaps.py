@@ -50,8 +50,11 @@ class BucketBitmaps:
         if slots.size == 0:
             return
         ages = be.to_numpy(be.bucket_of(be.asarray(stamps), be.asarray(slots), now, self.num_recent))
-        for age in np.unique(ages).tolist():  # loop over buckets (at most K + 2)
-            self._write(be, age, now, slots[ages == age], False)
+        present = np.flatnonzero(np.bincount(ages, minlength=self.num_recent + 2))
+        if present.size == 1:
+            return self._write(be, int(present[0]), now, slots, False)
+        for age in present.tolist():  # loop over buckets (at most K + 2)
+            self._write(be, age, now, slots.take(np.flatnonzero(ages == age)), False)
 
     def add(self, be, slots: np.ndarray, stamp: int, now: int) -> None:
         """Put slots (not in any bucket) into the bucket of `stamp` as seen at `now`."""

@@ -81,18 +81,18 @@ class NumpyBackend:
         seg_total = np.bincount(seg, weights=popc, minlength=nseg).astype(np.int64)
         seg_offset = np.cumsum(seg_total) - seg_total
         before = np.cumsum(popc) - popc - seg_offset[seg]  # set bits earlier in the same segment
-        need = before < counts[seg]
-        take = cand[need]
-        bits = np.unpackbits(bitmap.reshape(-1, 8)[take], axis=1, bitorder="little")
+        need = np.flatnonzero(before < counts[seg])  # words holding the bits to take
+        take = cand.take(need)
+        bits = np.unpackbits(bitmap.reshape(-1, 8).take(take, axis=0), axis=1, bitorder="little")
         rows, cols = np.nonzero(bits)
-        slots = take[rows] * 64 + cols  # ascending
+        slots = take.take(rows) * 64 + cols  # ascending
         found = np.minimum(counts, seg_total)
         if nseg == 1:
             return slots[: found[0]].astype(np.int64, copy=False), found
-        sseg = seg[need][rows]
+        sseg = seg.take(need).take(rows)
         per = np.bincount(sseg, minlength=nseg)
         rank_in_seg = np.arange(slots.size) - (np.cumsum(per) - per)[sseg]
-        return slots[rank_in_seg < counts[sseg]].astype(np.int64, copy=False), found
+        return slots.take(np.flatnonzero(rank_in_seg < counts[sseg])).astype(np.int64, copy=False), found
 
     def lru_select(self, stamps, eligible, seg_slots, counts):
         counts = np.asarray(counts, dtype=np.int64)
