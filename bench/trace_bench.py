@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generation: {gen['selected_positions']:,} positions ({gen['selection_sets']:,} top-{gen['top_k']} sets) "
           f"in {gen['wall_s']:.1f} s = {gen['positions_per_s'] / 1e6:.0f} M positions/s "
           f"(target <= 30 s: {'met' if gen['meets_target'] else 'MISSED'})")
-    size = bench_bytes(8 if args.quick else 32, 5 if args.quick else 20, 4, 21)
+    size = bench_bytes(8 if args.quick else 16, 5 if args.quick else 10, 4, 21)
     for k, v in size.items():
         print(f"bytes/selection {k}: {v['bytes_per_selection']:.4g}")
     stats = bench_stats(["glm-5.2"] if args.quick else ["glm-5.2", "deepseek-v3.2", "glm-5"])

@@ -55,7 +55,7 @@ class SelectionSpec:
     early_overlap: float = 0.015
     deep_start_frac: float = 0.33
     deep_overlap: float = 0.44
-    deep_overlap_spread: float = 0.06
+    deep_overlap_spread: float = 0.05
     fresh_frac: float = 0.30
     min_candidates: int = 2
     max_candidates: int = 8
@@ -309,39 +309,41 @@ class SyntheticSelections:
     def _tables(self, plan: GroupPlan, kind: int, dom: int) -> dict[str, np.ndarray]:
         """Per-stratum geometry of one block on one domain (cached, pure in (group, kind, domain)).
 
-        start/mstart: stratum and mirror start (0-based in the middle region); lo/lo_fold: absolute start of the
-        stratum / of the upper half of its mirror; ln/ln_fold/ln_half: range lengths of the three cases; cw: the
-        candidate window (fits every case); cands, room1, step_on: candidate count and stride bounds.
+        Stratum i covers [i*d/k', (i+1)*d/k') of the domain d (0-based in the middle region). Its candidate
+        window is its first `cw` positions (cw fits each case below). A stratum whose window does not fit in the
+        history is folded onto the upper half of its mirror stratum k'-1-i, which then keeps its lower half; the
+        domain choice guarantees that the mirror lies wholly inside the history. So ranges are disjoint.
         """
         key = (plan.group, kind, dom)
         tab = self._tables_cache.get(key)
         if tab is None:
             blk = (plan.stable, plan.recurring, plan.fresh)[kind]
             kp = plan.num_strata
+            every = np.arange(kp, dtype=np.int64)
+            start_all = every * dom // kp
+            len_all = (every + 1) * dom // kp - start_all
+            cw_all = np.minimum(len_all // 2, len_all[::-1] - len_all[::-1] // 2)
             i = blk.index
             j = kp - 1 - i
-            start = i * dom // kp
-            length = (i + 1) * dom // kp - start
-            mstart = j * dom // kp
-            mlen = (j + 1) * dom // kp - mstart
-            cw = np.minimum(length // 2, mlen - mlen // 2)
-            cands = _floor_pow2(np.minimum(blk.cands, np.maximum(cw, 1)))
-            multi = cands > 1
-            room1 = np.where(multi, (cw - 1) // np.maximum(cands - 1, 1), 0)
+            start, length, cw = start_all[i], len_all[i], cw_all[i]
+            mstart, mlen = start_all[j], len_all[j]
+            cands = _floor_pow2(np.maximum(np.minimum(blk.cands, cw), 1))
+            stride = np.where(cands > 1, cw // cands, 0)
             i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)
             u32 = lambda x: np.ascontiguousarray(x, dtype=np.uint32)
-            tab = {"start": i32(start), "mstart": i32(mstart), "lo": i32(start + plan.num_sink),
-                   "fold_shift": i32(mstart + mlen // 2 - start), "ln": i32(length),
-                   "ln_fold": i32(mlen - mlen // 2), "ln_half": i32(length // 2), "cw": u32(cw),
-                   "cand_shift": u32(32 - np.maximum(_log2(cands), 1)), "cands_m1": u32(cands - 1), "room1": u32(room1), "step_on": u32(multi),
-                   "par": u32(i & 1)}
+            tab = {"start": i32(start), "start_cw": i32(start + cw), "mirror_cw": i32(mstart + cw_all[j]),
+                   "lo": i32(start + plan.num_sink), "fold_shift": i32(mstart + mlen // 2 - start),
+                   "ln": i32(length), "ln_fold": i32(mlen - mlen // 2), "ln_half": i32(length // 2),
+                   "cw": u32(cw), "room": u32(cw - (cands - 1) * stride), "stride": u32(stride),
+                   "cand_shift": u32(32 - np.maximum(_log2(cands), 1)), "par": u32(i & 1)}
             if len(self._tables_cache) > 1024:
                 self._tables_cache.clear()
             self._tables_cache[key] = tab
         return tab
 
     def _select_main(self, plan: GroupPlan, rid, hist, step, q: int, dom: int, out: np.ndarray | None) -> np.ndarray:
-        """The stratified path for rows of one domain size (histories > top_k + 3)."""
+        """The stratified path for rows of one domain size. Hashes are odd-constant multiplies whose top bits
+        are used (inputs are already mixed keys); every draw takes 16 top bits."""
         sp = self.spec
         r = rid.size
         s, w = plan.num_sink, plan.num_recent
@@ -353,11 +355,11 @@ class SyntheticSelections:
             out[:, :, sp.top_k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[:, None, :]
         hm = (hist - s - w).astype(np.int32)
         hcol = hm[:, None]
-        rowkey = row_keys32(self._seed_key, rid)[:, None]
+        rowkey = (row_keys32(self._seed_key, rid) | np.uint32(1))[:, None]
         step32 = step.astype(np.uint32)
         stepkey = mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[:, None]
         shift_t = np.uint32(int(sp.drift_steps).bit_length() - 1)
-        thr = int(round(sp.spec_share * 65536))
+        thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
         qkeys = mix32(np.arange(q, dtype=np.uint32) * np.uint32(0x27D4EB2F) ^ np.uint32(0x0A11))
         u16 = np.uint32(16)
         col = s
@@ -369,60 +371,41 @@ class SyntheticSelections:
                 tb = self._tables(plan, kind, dom)
                 dst = out[:, :, col:col + m]
                 col += m
-                invalid = tb["start"] >= hcol
+                invalid = tb["start_cw"] > hcol
                 lo = np.multiply(invalid, tb["fold_shift"], dtype=np.int32)
                 lo += tb["lo"]
-                # the (at most one) stratum per row of this block that straddles the end of the history
-                brow = np.flatnonzero(np.searchsorted(tb["start"], hm, side="right") > 0)
-                bcol = np.searchsorted(tb["start"], hm[brow], side="right") - 1
-                cut = hm[brow] - tb["start"][bcol]
-                t = rowkey ^ blk.key
-                t *= MIX32
-                t ^= t >> u16
-                if kind < 2:  # the candidate keys of this drift epoch (in the window lo + [0, cw))
+                t = rowkey * blk.key
+                if kind < 2:  # the candidate window's offset in this drift epoch
                     ck = (step32[:, None] + blk.phase) >> shift_t
                     ck *= np.uint32(0xC2B2AE35)
                     ck ^= t
                     ck *= np.uint32(0x9E3779B1)
-                    ck ^= ck >> np.uint32(15)
-                    hi = ck >> u16
+                    ck >>= u16
+                    ck *= tb["room"] if kind == 1 else tb["cw"]
+                    ck >>= u16
+                    base = lo + ck.view(np.int32)
                     if kind == 0:
-                        base = lo + (hi * tb["cw"] >> u16).view(np.int32)
-                        fix = cut < tb["cw"][bcol].astype(np.int32)
-                        fr, fc = brow[fix], bcol[fix]
-                        base[fr, fc] = lo[fr, fc] + (hi[fr, fc] * cut[fix].astype(np.uint32) >> u16).astype(np.int32)
                         dst[...] = base[:, None, :]
                         continue
-                    ck &= np.uint32(0xFFFF)
-                    ck *= tb["room1"]
-                    ck >>= u16
-                    ck += tb["step_on"]
-                    stride = ck
-                    room = tb["cw"] - tb["cands_m1"] * stride
-                    base = lo + (hi * room >> u16).view(np.int32)
-                    fix = cut < tb["cw"][bcol].astype(np.int32)
-                    fr, fc = brow[fix], bcol[fix]
-                    base[fr, fc] = lo[fr, fc] + (hi[fr, fc] * cut[fix].astype(np.uint32) >> u16).astype(np.int32)
-                    stride[fr, fc] = 0
                 else:
                     ln = np.multiply(invalid, tb["ln_fold"] - tb["ln"], dtype=np.int32)
-                    ln += np.multiply(tb["mstart"] >= hcol, tb["ln_half"] - tb["ln"], dtype=np.int32)
+                    ln += np.multiply(tb["mirror_cw"] > hcol, tb["ln_half"] - tb["ln"], dtype=np.int32)
                     ln += tb["ln"]
-                    fix = cut < ln[brow, bcol]
+                    # the stratum that straddles the end of the history (if not folded) is cut there
+                    brow = np.flatnonzero(np.searchsorted(tb["start"], hm, side="right") > 0)
+                    bcol = np.searchsorted(tb["start"], hm[brow], side="right") - 1
+                    cut = hm[brow] - tb["start"][bcol]
+                    fix = (cut < ln[brow, bcol]) & ~invalid[brow, bcol]
                     ln[brow[fix], bcol[fix]] = cut[fix]
                     if plan.early:  # fresh picks alternate position parity from step to step
                         par = (tb["par"] ^ (step32[:, None] & np.uint32(1))) * (ln > 1)
-                        lo = lo + par.view(np.int32)
+                        lo += par.view(np.int32)
                         ln = (ln - par.view(np.int32) + 1) >> 1
                     ln = ln.view(np.uint32)
                 ts = t ^ stepkey
                 ts *= np.uint32(0x846CA68B)
-                ts ^= ts >> np.uint32(13)
-                if thr == 0:
-                    diverge = np.ones((r, m), np.uint32)
-                else:
-                    diverge = np.uint32(thr - 1) - (ts & np.uint32(0xFFFF))
-                    diverge >>= np.uint32(31)
+                diverge = thr1 - (ts >> u16)  # query tokens > 0 redraw where the top bits reach spec_share
+                diverge >>= np.uint32(31)
                 d = np.empty((r, m), np.uint32)
                 for qi in range(q):
                     if qi == 0:
@@ -433,16 +416,15 @@ class SyntheticSelections:
                         d *= MIX32
                     if kind == 1:  # candidate index from the top bits (candidate counts are powers of two)
                         d >>= tb["cand_shift"]
-                        d *= stride
+                        d *= tb["stride"]
                         np.add(d.view(np.int32), base, out=dst[:, qi, :], casting="unsafe")
                         continue
                     d >>= u16
+                    d *= ln
                     if plan.early:
-                        d *= ln
                         d >>= np.uint32(15)
                         d &= np.uint32(0xFFFFFFFE)
                     else:
-                        d *= ln
                         d >>= u16
                     np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
         return out
