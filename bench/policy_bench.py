@@ -122,6 +122,16 @@ def hit_rate_gap(steps: int, seeds: int) -> list[dict]:
     return rows
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 10x smaller pool and batch (smoke run)")
@@ -160,8 +170,8 @@ def main() -> int:
     worst = max(abs(r["gap_points"]) for r in gap if r["num_recent_buckets"] == default_k)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+        "command": " ".join([".venv/bin/python", *sys.argv]),
+        "machine": {"platform": platform.platform(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "numpy": np.__version__, "threads": 1},
         "config": {"gpu_slots": gpu, "cpu_slots": cpu, "num_requests": num_req, "query_tokens": 4, "top_k": 2048,
                    "candidates_per_request": 3600, "backend": "numpy", "quick": args.quick},

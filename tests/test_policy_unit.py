@@ -332,3 +332,15 @@ def test_plan_repr_and_counts():
     plan = c.access(a[:2])
     assert isinstance(plan, Plan) and "num_refs=2" in repr(plan)
     assert plan.counts()["num_unique"] == 2
+
+
+def test_stats_rows_held_count_entries_and_copies():
+    c = make(mode="tp", num_ranks=2, gpu_slots=4, cpu_slots=8, local_buffer_slots=8)
+    a = c.alloc(1, 10)
+    st = c.stats()
+    assert (st["gpu_rows_held"], st["cpu_rows_held"], st["local_buffer_rows_held"]) == (8, 2, 0)
+    plan = c.access(a[:4])
+    c.commit(plan)
+    st = c.stats()
+    assert st["local_buffer_rows_held"] == plan.num_peer_fetches
+    assert st["physical_rows_held"] == 10 + plan.num_peer_fetches

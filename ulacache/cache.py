@@ -274,7 +274,8 @@ class UlaCache:
         return self.space.requests[rid].addresses().copy()
 
     def stats(self) -> dict:
-        """Cumulative counters over committed plans (replays add their transfers), bytes = rows x row_bytes."""
+        """Cumulative counters over committed plans (replays add their transfers), bytes = rows x row_bytes; plus
+        what is held now: allocated logical slots and the rows held per tier (copies and TP replicas included)."""
         out = {k: int(self._stats.get(k, 0)) for k in STAT_KEYS}
         for link in ("h2d", "d2h", "peer"):
             out[f"{link}_bytes"] = int(self._stats.get(f"{link}_bytes", 0))
@@ -282,6 +283,11 @@ class UlaCache:
         out["row_bytes"] = self._row_bytes
         out["allocated_slots"] = int(self.space.num_allocated)
         out["requests"] = self.num_requests
+        # Token rows held right now, every rank: entries (pb-lru/lru) or copies (hisparse buffers, replicas).
+        gpu_rows, cpu_rows = self.policy.held_rows()
+        out["gpu_rows_held"], out["cpu_rows_held"] = gpu_rows, cpu_rows
+        out["local_buffer_rows_held"] = int((self.buffers.owner >= 0).sum()) if self.buffers is not None else 0
+        out["physical_rows_held"] = gpu_rows + cpu_rows + out["local_buffer_rows_held"]
         return out
 
     # -- payloads ------------------------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class Policy(Protocol):
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """(GPU, CPU) token slots per rank."""
 
+    def held_rows(self) -> tuple[int, int]:
+        """(GPU, CPU) token rows held now over all ranks, copies and replicas included."""
+
     def check_invariants(self) -> None:
         """AssertionError naming the first broken invariant."""
 

@@ -60,6 +60,11 @@ class ExclusivePolicy:
         R = self.cfg.num_ranks
         return np.full(R, self.cfg.gpu_slots, np.int64), np.full(R, self.cfg.cpu_slots, np.int64)
 
+    def held_rows(self) -> tuple[int, int]:
+        g, c = self.free_slots()
+        gc, cc = self.capacity()
+        return int((gc - g).sum()), int((cc - c).sum())
+
     # -- allocation ----------------------------------------------------------------------------------------------------
     def alloc_many(self, request_ids: list[int], counts: np.ndarray, ranks: np.ndarray, tp: bool) -> np.ndarray:
         be, R = self.be, self.cfg.num_ranks

@@ -78,6 +78,10 @@ class HiSparsePolicy:
         n = self.cfg.num_ranks
         return np.full(n, self.regions_per_rank * (self.D + 1), np.int64), np.full(n, self.cfg.cpu_slots, np.int64)
 
+    def held_rows(self) -> tuple[int, int]:
+        """(GPU copies, CPU entries) over every rank (TP: each rank holds a replica)."""
+        return int((self.gowner >= 0).sum()) * self.replicas, int(self.space.num_allocated) * self.replicas
+
     def _grow(self, n: int) -> None:
         if n > self.region_of.size:
             size = max(n, 2 * self.region_of.size)
@@ -121,28 +125,31 @@ class HiSparsePolicy:
             base = int(self.region_base(self.region_of[idx[i]: idx[i] + 1])[0])
             self.lru[self.region_of[idx[i]]] = np.arange(D, dtype=np.int32)
             self.gowner[base:base + D + 1] = -1
-        # Residency of the new tokens: the previous newest token and all new tokens but the last fill LRU slot
-        # `position` while position < D (the fast-path layout); the last new token takes the newest-token slot.
+        # Residency (the fast-path layout): the previous newest token and every new token but the last take LRU slot
+        # `position` while position < D; the last new token takes the newest-token slot. Only <= D tokens per
+        # request are touched, whatever the prefill length.
         has = counts > 0
-        idx, counts_h, first = idx[has], counts[has], offsets[:-1][has]
+        idx, cnt, first = idx[has], counts[has], offsets[:-1][has]
         base = self.region_base(self.region_of[idx])
         old_len, old_newest = self.hist_len[idx], self.newest[idx]
-        tok_req = np.repeat(np.arange(idx.size), counts_h)
-        pos = old_len[tok_req] + (np.arange(n) - np.repeat(first, counts_h))
-        last = np.zeros(n, dtype=bool)
-        last[first + counts_h - 1] = True
-        fill_addr = np.concatenate([old_newest[old_len > 0], addrs[~last]])
-        fill_pos = np.concatenate([old_len[old_len > 0] - 1, pos[~last]])
-        fill_base = np.concatenate([base[old_len > 0], base[tok_req[~last]]])
-        keep = fill_pos < D
-        moved_from = self.slot_of[fill_addr]
-        self.slot_of[fill_addr] = np.where(keep, fill_base + fill_pos, -1)
-        self.gowner[fill_base[keep] + fill_pos[keep]] = fill_addr[keep]
-        self.newest[idx] = addrs[first + counts_h - 1]
+        prev = np.flatnonzero(old_len > 0)
+        p_addr, p_slot = old_newest[prev], base[prev] + old_len[prev] - 1
+        p_keep = np.flatnonzero(old_len[prev] - 1 < D)
+        moved_src = self.slot_of[p_addr[p_keep]]
+        self.slot_of[p_addr] = -1
+        self.slot_of[p_addr[p_keep]] = p_slot[p_keep]
+        self.gowner[p_slot[p_keep]] = p_addr[p_keep]
+        self.alloc_moves = (moved_src, p_slot[p_keep])  # newest slot -> LRU slot: the bytes move inside HBM
+        fill = np.clip(np.minimum(old_len + cnt - 1, D) - old_len, 0, None)
+        rep = np.repeat(np.arange(idx.size), fill)
+        j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
+        t_addr, t_slot = addrs[first[rep] + j], base[rep] + old_len[rep] + j
+        self.slot_of[t_addr] = t_slot
+        self.gowner[t_slot] = t_addr
+        self.newest[idx] = addrs[first + cnt - 1]
         self.slot_of[self.newest[idx]] = base + D
         self.gowner[base + D] = self.newest[idx]
-        self.hist_len[idx] = old_len + counts_h
-        self.alloc_moves = (moved_from[keep & (moved_from >= 0)], (fill_base + fill_pos)[keep & (moved_from >= 0)])
+        self.hist_len[idx] = old_len + cnt
         return addrs
 
     # -- access --------------------------------------------------------------------------------------------------------
