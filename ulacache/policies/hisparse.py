@@ -159,12 +159,15 @@ class HiSparsePolicy:
         gslot = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uniq)))
         hit = gslot >= 0
         req = space.req_of[uniq].astype(np.int64)
-        miss_addrs, miss_req = uniq[~hit], req[~hit]
-        plan.num_hits, plan.num_misses = int(hit.sum()), int(miss_addrs.size)
+        miss_idx = np.flatnonzero(~hit)  # flatnonzero + take: much faster than boolean-mask indexing
+        miss_addrs, miss_req = uniq.take(miss_idx), req.take(miss_idx)
+        plan.num_hits, plan.num_misses = int(uniq.size - miss_idx.size), int(miss_idx.size)
         lru_hit = hit & (gslot % self.seg % (D + 1) != D) & (self.hist_len[req] > D + 1)  # fast path: no update
+        lru_hit_idx = np.flatnonzero(lru_hit)
+        miss_region = self.region_of[miss_req]
         touched = np.zeros(self.lru.shape[0], dtype=bool)  # regions whose LRU order changes (ascending)
-        touched[self.region_of[req[lru_hit]]] = True
-        touched[self.region_of[miss_req]] = True
+        touched[self.region_of[req.take(lru_hit_idx)]] = True
+        touched[miss_region] = True
         rows = np.flatnonzero(touched)
         new_order, miss_slots, victims = self.lru[rows], np.zeros(0, np.int64), np.zeros(0, np.int64)
         if rows.size:
@@ -172,11 +175,12 @@ class HiSparsePolicy:
             row_of_region[rows] = np.arange(rows.size)
             base = self.region_base(rows)
             hitmark = np.zeros(self.num_gpu_places, dtype=bool)
-            hitmark[gslot[lru_hit]] = True
+            hitmark[gslot.take(lru_hit_idx)] = True
             order = self.lru[rows]
             slots2d = base[:, None] + order
             H = hitmark[slots2d]
-            m = np.bincount(row_of_region[self.region_of[miss_req]], minlength=rows.size)
+            miss_row = row_of_region[miss_region]
+            m = np.bincount(miss_row, minlength=rows.size)
             htot = H.sum(axis=1)
             if (m + htot > D).any():
                 bad = int(np.flatnonzero(m + htot > D)[0])
@@ -192,9 +196,8 @@ class HiSparsePolicy:
             new_order = np.empty_like(order)
             np.put_along_axis(new_order, newpos, order, axis=1)
             take = ~H & (e_idx < mm)
-            miss_slots = slots2d[take]  # row-major: grouped by row, least recent first
-            grp = np.argsort(row_of_region[self.region_of[miss_req]], kind="stable")
-            miss_addrs = miss_addrs[grp]
+            miss_slots = slots2d.ravel().take(np.flatnonzero(take.ravel()))  # by row, least recent first
+            miss_addrs = miss_addrs.take(np.argsort(miss_row, kind="stable"))
             victims = self.gowner[miss_slots]
         rep = self.replicas
         plan.num_exchanges = 0
