@@ -34,7 +34,7 @@ def _color(label: str, i: int) -> str:
 def _grid(n: int, w: float = 5.2, h: float = 4.0):
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(w * cols, 6.5), h * rows + 0.6), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
@@ -119,7 +119,7 @@ def peak_speedups(df, res, out_dir):
         ax.tick_params(axis="x", labelsize=8, rotation=15)
         ax.legend(fontsize=7)
         ax.margins(y=0.15)
-    fig.suptitle("Peak decode throughput per system (labels: speedup over HiSparse)")
+    fig.suptitle("Peak decode throughput per system\n(bar labels: speedup over HiSparse)")
     png = _save(fig, out_dir, "peak_speedups.png")
     return Figure("speedups", "Peak-throughput speedups over HiSparse", png,
                   "Peak = the highest mean decode throughput over the concurrency caps run; speedup = peak / "
@@ -157,17 +157,18 @@ def capacity(df, res, out_dir):
         ax1.set_ylabel("token slots at the peak (millions)")
         ax1.set_xlabel("system")
         ax1.set_title(f"Effective KV capacity vs physical slots ({setting})", fontsize=10)
-        ax1.legend(fontsize=8)
-        ax1.margins(y=0.18)
+        ax1.legend(fontsize=8, loc="upper left")
+        ax1.set_ylim(0, max(f["physical"].max(), f["unique"].max()) / 1e6 * 1.45)
         ax2.bar(xs, f["admitted"], color=[_color(s, i) for i, s in enumerate(f["system"])],
                 label="max admitted concurrency")
-        ax2.plot(xs, f["cap"], "r_", markersize=40, mew=2, label="concurrency cap")
+        ax2.hlines(f["cap"], [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="red", lw=2,
+                   label="concurrency cap")
         ax2.set_xticks(xs, f["system"], fontsize=8)
         ax2.set_ylabel("requests running at once")
         ax2.set_xlabel("system")
         ax2.set_title(f"Admitted concurrency at the largest cap run ({setting})", fontsize=10)
-        ax2.legend(fontsize=8)
-        ax2.margins(y=0.12)
+        ax2.legend(fontsize=8, loc="upper left")
+        ax2.set_ylim(0, max(f["cap"].max(), f["admitted"].max()) * 1.3)
     fig.suptitle("KV capacity: unique history vs physical slots, and admitted concurrency")
     png = _save(fig, out_dir, "capacity.png")
     return Figure("capacity", "Effective KV capacity and admitted concurrency", png,

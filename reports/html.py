@@ -11,6 +11,12 @@ from reports.collect import collect
 from reports.figures import ALL, Figure
 from reports.frame import Skip, prepare
 
+TITLES = {"throughput_vs_concurrency": "Decode throughput vs concurrency",
+          "peak_speedups": "Peak-throughput speedups over HiSparse",
+          "capacity": "Effective KV capacity and admitted concurrency", "batch1_tpot": "Batch-1 TPOT per system",
+          "policy_hit_rate": "GPU hit rate of pb-lru vs exact lru",
+          "miss_ratio_curve": "Miss-ratio curve over GPU pool size", "sim_vs_hw": "Simulator vs hardware",
+          "plans": "Capacity plans"}
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 img{max-width:100%;border:1px solid #ddd}table{border-collapse:collapse;font-size:13px;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}
@@ -23,7 +29,9 @@ def _table(df: pd.DataFrame) -> str:
         if isinstance(v, float):
             if pd.isna(v):
                 return "-"
-            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+            if v.is_integer():
+                return f"{int(v):,}"
+            return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 100 else f"{v:,.0f}"
         return str(v)
 
     return df.to_html(index=False, escape=True, formatters={c: fmt for c in df.columns}, border=0)
@@ -41,7 +49,7 @@ def build_report(result_dir, out_dir=None) -> Path:
         try:
             made = fn(df, res, out)
         except Skip as exc:
-            name = fn.__name__.replace("_", " ")
+            name = TITLES.get(fn.__name__, fn.__name__.replace("_", " "))
             sections.append(f'<h2>{html.escape(name)}</h2><p class="skip">Skipped: {html.escape(str(exc))}.</p>')
             continue
         for fig in made if isinstance(made, list) else [made]:
