@@ -21,8 +21,8 @@ from .pools import pad64
 @dataclass
 class _BufState:
     hit_places: np.ndarray  # buffer-local places (rank r's slot s is r * seg + s)
-    miss_addrs: np.ndarray
-    miss_rank: np.ndarray
+    miss_addrs: np.ndarray  # grouped by rank
+    counts: np.ndarray  # misses per rank
     dests: np.ndarray
     victims: np.ndarray
     free_bm: np.ndarray
@@ -45,56 +45,56 @@ class LocalBuffers:
         self.free_bm = np.packbits(valid, bitorder="little")
 
     def remote(self, uniq: np.ndarray, r: int) -> np.ndarray:
-        """The ascending addresses of `uniq` (ascending) not homed on rank r."""
+        """Indices into `uniq` (ascending addresses) of the addresses not homed on rank r: all but one slice."""
         lo, hi = np.searchsorted(uniq, [r * self.slots_per_rank, (r + 1) * self.slots_per_rank])
-        return np.concatenate([uniq[:lo], uniq[hi:]])
+        return np.concatenate([np.arange(lo, dtype=np.int64), np.arange(hi, uniq.size, dtype=np.int64)])
 
     def plan(self, plan: Plan, old_places: np.ndarray) -> None:
         be, R, uniq = self.be, self.R, plan.addrs
-        hits, miss, miss_rank = [], [], []
+        hits, miss_idx = [], []
         for r in range(R):  # loop over ranks
             rem = self.remote(uniq, r)
-            bs = self.map[r][rem].astype(np.int64)
             if rem.size > self.slots:
                 raise CapacityError(
                     f"TP rank {r} needs {rem.size} remote entries in one batch; its local buffer holds {self.slots}"
                 )
-            hits.append(bs[bs >= 0] + r * self.seg)
-            m = rem[bs < 0]
-            miss.append(m)
-            miss_rank.append(np.full(m.size, r, dtype=np.int64))
-        hit_places, miss_addrs, miss_rank = np.concatenate(hits), np.concatenate(miss), np.concatenate(miss_rank)
-        counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
+            bs = self.map[r].take(uniq.take(rem)).astype(np.int64)
+            held = bs >= 0
+            hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
+            miss_idx.append(rem.take(np.flatnonzero(~held)))
+        counts = np.array([m.size for m in miss_idx], dtype=np.int64)
+        hit_places, miss_idx = np.concatenate(hits), np.concatenate(miss_idx)
+        miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
         bm = be.asarray(self.free_bm.copy())
         s0, f0 = be.select_first(bm, be.summary(bm), self.seg, be.asarray(counts))
         s0, f0 = be.to_numpy(s0), be.to_numpy(f0)
         free_bm = be.to_numpy(be.bitmap_clear(bm, be.asarray(s0)))
-        parts = [s0]
+        dests = s0
         rest = counts - f0
         if rest.any():
             eligible = self.owner >= 0
             eligible[hit_places] = False
             s1, _ = be.lru_select(be.asarray(self.stamps), be.asarray(eligible), self.seg, be.asarray(rest))
-            parts.append(be.to_numpy(s1))
-        dests = np.concatenate(parts)
-        dests = dests[np.argsort(dests // self.seg, kind="stable")]
+            dests = np.concatenate([s0, be.to_numpy(s1)])
+            if R > 1 and s0.size:
+                dests = dests.take(np.argsort(dests // self.seg, kind="stable"))
         # The fetch reads the entry where it is now (its CPU place if it is being promoted: the same bytes).
-        src = old_places[np.searchsorted(uniq, miss_addrs)]
+        src = old_places.take(miss_idx)
         plan.num_local_hits = int(hit_places.size)
         plan.num_peer_fetches = int(miss_addrs.size)
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(hit_places, miss_addrs, miss_rank, dests, self.owner[dests], free_bm)
+        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, dests, self.owner.take(dests), free_bm)
 
     def commit(self, plan: Plan) -> None:
         st = plan.buffer_state
-        has_v = st.victims >= 0
-        vrank = st.dests[has_v] // self.seg
-        for r in range(self.R):  # loop over ranks
-            self.map[r][st.victims[has_v][vrank == r]] = -1
-            sel = st.miss_rank == r
-            self.map[r][st.miss_addrs[sel]] = st.dests[sel] - r * self.seg
+        ends = np.cumsum(st.counts)
+        for r in range(self.R):  # loop over ranks: each rank's misses, dests and victims are one slice
+            sl = slice(int(ends[r] - st.counts[r]), int(ends[r]))
+            v = st.victims[sl]
+            self.map[r][v.take(np.flatnonzero(v >= 0))] = -1
+            self.map[r][st.miss_addrs[sl]] = st.dests[sl] - r * self.seg
         self.owner[st.dests] = st.miss_addrs
         self.stamps[st.hit_places] = plan.now
         self.stamps[st.dests] = plan.now
