@@ -107,7 +107,7 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
         out["device_matches_plan_in_graph_run"] = not compare_with_plan(dev.result(), plan)
     except Exception as exc:  # graph capture is an optimisation; report why it was not measured
         out["graph_error"] = f"{type(exc).__name__}: {exc}"
-    for v in (1, 2):
+    for v in (2, 3):
         out[f"stages_v{v}_s"] = stage_times(cache, snap, refs, now, v)
     best = out.get("graph_access_s", out["eager_access_s"])
     out["refs_per_s"] = out["num_refs"] / best

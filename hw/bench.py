@@ -22,7 +22,7 @@ def _best(rows, key, **match):
     return max(sel, key=lambda r: r[key]) if sel else None
 
 
-def run(quick: bool = False, sections=("ceilings", "access", "exchange", "peer")) -> dict:
+def run(quick: bool = False, sections=("ceilings", "access", "exchange", "peer", "bulk")) -> dict:
     from hw import accessbench, copybench
 
     cp = cupy()
@@ -71,6 +71,29 @@ def run(quick: bool = False, sections=("ceilings", "access", "exchange", "peer")
                 if ceil:
                     summ[f"{rb}_of_ceiling"] = r["gb_s"] / ceil
         res["peer_summary"] = summ
+    if "bulk" in sections:  # v3 kernels last: a fault here cannot spoil the figures above
+        ex, ga = res.setdefault("exchange", []), res.setdefault("peer", [])
+        try:  # v3 on the host link: bulk copy engine reading pinned host rows (reads only, like read_only)
+            for rb in (656, 1152):
+                for r in copybench.bench_gather(rb, sizes, src_rows=host_rows, dst_rows=gpu_rows, mode="h2d",
+                                                bulk=True):
+                    ex.append({"row_bytes": rb, "num_rows": r["num_rows"], "variant": "read_only_bulk", "unroll": 0,
+                               "time_s": r["time_s"], "time_p90_s": r["time_p90_s"], "h2d_gb_s": r["gb_s"]})
+        except Exception as exc:
+            res.setdefault("errors", []).append(f"bulk h2d: {type(exc).__name__}: {exc}")
+        if cp.cuda.runtime.getDeviceCount() > 1:
+            for rb in (656, 1152):
+                try:  # v3: bulk copy engine (pull)
+                    ga += copybench.bench_gather(rb, sizes, src_rows=host_rows, dst_rows=gpu_rows, mode="pull",
+                                                 bulk=True)
+                except Exception as exc:
+                    res.setdefault("errors", []).append(f"bulk gather {rb}: {type(exc).__name__}: {exc}")
+        for rb in (656, 1152):
+            for kind, rows, key in (("exchange", ex, "h2d_gb_s"), ("peer", ga, "gb_s")):
+                r = _best([x for x in rows if "bulk" in str(x.get("variant", x.get("mode")))], key, row_bytes=rb,
+                          num_rows=sizes[-1])
+                if r:
+                    res.setdefault(f"{kind}_summary", {})[f"{rb}_bulk_gb_s"] = r[key]
     return res
 
 
@@ -95,7 +118,7 @@ def summary_lines(res: dict) -> list[str]:
 
 
 def main(args) -> int:
-    sections = tuple(args.sections.split(",")) if args.sections else ("ceilings", "access", "exchange", "peer")
+    sections = tuple(args.sections.split(",")) if args.sections else ("ceilings", "access", "exchange", "peer", "bulk")
     res = run(quick=args.quick, sections=sections)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ peer: pull gather from the other GPU).
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +19,7 @@ from hw.fit import fit_latency_bandwidth, fit_nonnegative
 from hw.gpu import command_line, copy_ceilings, cupy, device_facts, launch_overhead_s, time_gpu, utc_now
 
 ROW_SIZES = (128, 256, 656, 1152, 2048)
-LINK_ROWS = (256, 1024, 4096, 16384, 65536)
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except Exception:
-        return "unknown"
+LINK_ROWS = (256, 1024, 4096, 16384, 65536, 131072)
 
 
 def measure_management(shapes, history: int = 32768, gpu_slots: int = 1 << 20, seed: int = 0) -> list[dict]:
@@ -89,23 +81,34 @@ def measure_links(ceil: dict, quick: bool) -> dict:
     return res
 
 
-def run(quick: bool = False) -> tuple[dict, dict]:
-    raw = {"date": utc_now(), "command": command_line(), "device": device_facts()}
-    ceil = copy_ceilings(nbytes=(64 if quick else 256) << 20)
-    raw["ceilings"], raw["launch"] = ceil, launch_overhead_s()
-    costs = {"launch_s": raw["launch"]["launch_device_gap_s"]}
-    from sim.presets import HARDWARE_PRESETS
+FIT_MIN_ROWS = 4096  # fit transfers of 4096+ rows: per-step exchanges are this size; smaller ones are latency-bound
 
-    hbm = HARDWARE_PRESETS["h200"].hbm_bw_bytes_s
-    costs["hbm_efficiency"] = min(1.0, ceil["d2d_rw_gb_s"] * 1e9 / hbm)
-    links = measure_links(ceil, quick)
-    raw["links"] = links
-    fits = {}
+
+def measure_links_concurrent(ceil: dict, num_gpus: int, quick: bool) -> dict:
+    """Link figures with every GPU transferring at once (the regime of a node where all ranks exchange)."""
+    from hw import copybench
+
+    rows = [n for n in (LINK_ROWS[:3] if quick else LINK_ROWS) if n >= (1024 if quick else FIT_MIN_ROWS)]
+    res = {"h2d": [], "d2h": [], "peer": []}
+    for rb in ROW_SIZES:
+        # Host pools as large as a validate run's (~0.5 GB per GPU): random rows over more pinned memory.
+        hr = min(200_000 if quick else 800_000, (512 << 20) // rb)
+        gr = min(100_000 if quick else 200_000, hr // 2)
+        sizes = [n for n in rows if n <= gr]
+        for kind in ("h2d", "d2h", "peer"):
+            res[kind] += copybench.bench_links_concurrent(rb, sizes, num_gpus=num_gpus, kind=kind, host_rows=hr,
+                                                          gpu_rows=gr)
+    return res
+
+
+def link_costs(links: dict, ceil: dict, min_rows: int) -> tuple[dict, dict]:
+    """Cost keys (bandwidths = measured copy ceilings, efficiency and latency fitted per row size) from link rows."""
+    costs, fits = {}, {}
     for kind, key_bw, bw in (("h2d", "pcie_h2d_bw_bytes_s", ceil["h2d_gb_s"] * 1e9),
                              ("d2h", "pcie_d2h_bw_bytes_s", ceil["d2h_gb_s"] * 1e9),
                              ("peer", "nvlink_bw_bytes_s", ceil.get("p2p_gb_s", 0) * 1e9)):
-        rows = links[kind]
-        if not rows:
+        rows = [r for r in links.get(kind, []) if r["num_rows"] >= min_rows]
+        if not rows or bw <= 0:
             continue
         costs[key_bw] = bw
         table = {}
@@ -118,12 +121,33 @@ def run(quick: bool = False) -> tuple[dict, dict]:
         costs[f"{kind}_row_efficiency_by_bytes"] = table
         if 656 in table:
             costs[f"{kind}_row_efficiency"] = table[656]
-    lat = [fits[k]["latency_s"] for k in fits if k.startswith(("h2d_656", "d2h_656"))]
+    lat = [fits[k]["latency_s"] for k in fits if k in ("h2d_656", "d2h_656")]
     if lat:
         costs["pcie_latency_s"] = float(np.mean(lat))
     if "peer_656" in fits:
         costs["nvlink_latency_s"] = fits["peer_656"]["latency_s"]
-    raw["link_fits"] = fits
+    return costs, fits
+
+
+def run(quick: bool = False) -> tuple[dict, dict | None, dict]:
+    """(calibration for the simulator, single-GPU calibration or None, raw measurements). With several GPUs the
+    simulator's calibration takes the link figures measured with all GPUs transferring at once."""
+    raw = {"date": utc_now(), "command": command_line(), "device": device_facts()}
+    ceil = copy_ceilings(nbytes=(64 if quick else 256) << 20)
+    raw["ceilings"], raw["launch"] = ceil, launch_overhead_s()
+    base = {"launch_s": raw["launch"]["launch_device_gap_s"]}
+    from sim.presets import HARDWARE_PRESETS
+
+    hbm = HARDWARE_PRESETS["h200"].hbm_bw_bytes_s
+    base["hbm_efficiency"] = min(1.0, ceil["d2d_rw_gb_s"] * 1e9 / hbm)
+    min_rows = 1024 if quick else FIT_MIN_ROWS
+    raw["links"] = measure_links(ceil, quick)
+    single_links, raw["link_fits"] = link_costs(raw["links"], ceil, min_rows)
+    ngpu = raw["device"]["num_gpus"]
+    multi_links = None
+    if ngpu > 1:
+        raw["links_concurrent"] = measure_links_concurrent(ceil, ngpu, quick)
+        multi_links, raw["link_fits_concurrent"] = link_costs(raw["links_concurrent"], ceil, min_rows)
     shapes = ([(16, 1, 512), (16, 4, 512), (64, 4, 512)] if quick else
               [(16, 1, 2048), (32, 4, 2048), (64, 1, 2048), (64, 4, 2048), (128, 2, 2048), (128, 4, 2048),
                (256, 1, 2048), (256, 4, 2048)])
@@ -132,29 +156,41 @@ def run(quick: bool = False) -> tuple[dict, dict]:
     X = [[1.0, m["num_refs"], m["num_unique"], m["num_misses"]] for m in mg]
     f = fit_nonnegative(X, [m["time_s"] for m in mg], ["const_s", "per_ref_s", "per_unique_s", "per_miss_s"])
     raw["management_fit"] = f
-    costs["mgmt_kernels"] = f["const_s"] / costs["launch_s"]
-    costs["mgmt_per_ref_s"], costs["mgmt_per_unique_s"] = f["per_ref_s"], f["per_unique_s"]
-    costs["mgmt_per_miss_s"] = f["per_miss_s"]
-    costs = {k: (v if isinstance(v, dict) else float(v)) for k, v in costs.items()}
-    prov = {"device": f"{raw['device']['gpu']} x{raw['device']['num_gpus']}", "date": raw["date"],
-            "command": raw["command"], "git_commit": _git_commit(),
-            "note": "management = device pb-lru pipeline (access + commit, CUDA graph); h2d = exchange into free "
-                    "slots; d2h = fused swap exchange; peer = pull gather"}
-    return {"provenance": prov, "costs": costs}, raw
+    base["mgmt_kernels"] = f["const_s"] / base["launch_s"]
+    base["mgmt_per_ref_s"], base["mgmt_per_unique_s"] = f["per_ref_s"], f["per_unique_s"]
+    base["mgmt_per_miss_s"] = f["per_miss_s"]
+
+    def calib(links: dict, regime: str) -> dict:
+        costs = {k: (v if isinstance(v, dict) else float(v)) for k, v in {**base, **links}.items()}
+        prov = {"device": f"{raw['device']['gpu']} x{ngpu}", "date": raw["date"], "command": raw["command"],
+                "source_digest": raw["device"]["source_digest"], "links": regime,
+                "note": "management = device pb-lru pipeline (access + commit, CUDA graph, per GPU); h2d = exchange "
+                        "into free slots (reads); d2h = fused swap exchange (its write-back direction is the slower "
+                        f"one); peer = pull gather; link latency/efficiency fitted on {min_rows}+ rows"}
+        return {"provenance": prov, "costs": costs}
+
+    single = calib(single_links, "one GPU transferring alone")
+    if multi_links is None:
+        return single, None, raw
+    return calib(multi_links, f"all {ngpu} GPUs transferring at once (node regime)"), single, raw
 
 
 def main(args) -> int:
-    calib, raw = run(quick=args.quick)
+    calib, single, raw = run(quick=args.quick)
     from sim.costs import CostModel
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(calib, sort_keys=False))
-    CostModel.load("h200", "glm-5", calibration=out)  # the simulator accepts it (unknown keys would raise)
+    paths = [(out, calib)]
+    if single is not None:
+        paths.append((out.with_name(out.stem + "_single_gpu" + out.suffix), single))
+    for path, data in paths:
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        CostModel.load("h200", "glm-5", calibration=path)  # the simulator accepts it (unknown keys would raise)
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1, default=float))
     for k, v in calib["costs"].items():
         print(f"{k}: {v}")
     print(f"management fit: median rel err {raw['management_fit']['median_rel_err']:.3f}")
-    print(f"wrote {out}")
+    print("wrote " + ", ".join(str(p) for p, _ in paths))
     return 0

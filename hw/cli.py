@@ -33,9 +33,11 @@ def register(subparsers) -> None:
 
     v = sub.add_parser("validate", help="replay a trace on the GPU and in the cost model; per-step error -> JSON")
     v.add_argument("trace", help="trace directory (requests.parquet + trace.yaml) or 'synthetic'")
-    v.add_argument("--ranks", type=_positive_int, default=1, help="TP ranks (1 = DP on one GPU)")
+    v.add_argument("--ranks", type=_positive_int, default=1, help="ranks, one GPU each")
+    v.add_argument("--mode", choices=("dp", "tp"), default=None, help="attention mode (default: tp when ranks > 1)")
     v.add_argument("--calibration", default="hw/calibration/h200.yaml", help="calibration YAML for the cost model")
     v.add_argument("--steps", type=_positive_int, default=40, help="decode steps to replay")
+    v.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the error figures")
     v.add_argument("--requests", type=_positive_int, default=64, help="running requests (first N of the trace)")
     v.add_argument("--history", type=_positive_int, default=16384, help="tokens of history per request (cap)")
     v.add_argument("--gpu-slots", type=_positive_int, default=1 << 18, help="GPU pool slots per rank")

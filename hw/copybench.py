@@ -93,15 +93,17 @@ def _stage_and_read(gpu, host, gi, hi, stage, row_bytes, unroll):
 
 
 def bench_gather(row_bytes: int, sizes: list[int], *, src_rows: int, dst_rows: int, mode: str = "pull",
-                 unrolls=(8,), seed: int = 0, repeat: int = 20) -> list[dict]:
+                 unrolls=(8,), seed: int = 0, repeat: int = 20, bulk: bool = False) -> list[dict]:
     """Scattered row gather into a local buffer on GPU 0.
 
     mode "local": source pool on GPU 0; "pull": source on GPU 1, kernel on GPU 0 reads over NVLink; "push": kernel
     on GPU 1 reads its pool and writes into GPU 0's buffer; "h2d": source in pinned host memory."""
-    from ulacache.backends.cupy_copy import HostPool, gather_rows
+    from ulacache.backends.cupy_copy import HostPool, gather_rows, gather_rows_bulk
 
     cp = cupy()
     rng = np.random.default_rng(seed)
+    if bulk:
+        unrolls = (0,)
     if mode in ("pull", "push"):
         enable_peer_access(2)
     src_dev = 1 if mode in ("pull", "push") else 0
@@ -119,9 +121,13 @@ def bench_gather(row_bytes: int, sizes: list[int], *, src_rows: int, dst_rows: i
         with cp.cuda.Device(kdev):
             ss, ds = _index_sets(rng, src_rows, n), _index_sets(rng, dst_rows, n)
             for u in unrolls:
-                fn = _rotating(lambda i, u=u: gather_rows(dst, src, ds[i], ss[i], row_bytes, unroll=u))
+                if bulk:
+                    fn = _rotating(lambda i: gather_rows_bulk(dst, src, ds[i], ss[i], row_bytes))
+                else:
+                    fn = _rotating(lambda i, u=u: gather_rows(dst, src, ds[i], ss[i], row_bytes, unroll=u))
                 t = time_gpu(fn, repeat=repeat, inner=_inner(n, row_bytes))
-                out.append({"row_bytes": row_bytes, "num_rows": n, "mode": mode, "unroll": u,
+                out.append({"row_bytes": row_bytes, "num_rows": n, "mode": mode + ("_bulk" if bulk else ""),
+                            "unroll": u,
                             "time_s": t["median_s"], "time_p90_s": t["p90_s"],
                             "gb_s": n * row_bytes / t["median_s"] / 1e9})
     return out
@@ -148,3 +154,65 @@ def check_exchange_correct(row_bytes: int, n: int, *, host_rows: int, gpu_rows: 
     g1[gs] = h0[hs]
     h1[hs[vic]] = g0[gs[vic]]
     return bool(np.array_equal(cp.asnumpy(gpu), g1) and np.array_equal(host.array, h1))
+
+
+def bench_links_concurrent(row_bytes: int, sizes: list[int], *, num_gpus: int, kind: str, host_rows: int,
+                           gpu_rows: int, seed: int = 0, repeat: int = 7) -> list[dict]:
+    """The same transfer on every GPU at once (as in a node where all ranks exchange each step): per GPU its own
+    pinned host pool and GPU pool (kind "h2d" = exchange into free slots, "d2h" = swap exchange) or, for "peer",
+    each GPU pulls rows from the next GPU. GPU 0 spins while the host enqueues everything; the other GPUs wait on an
+    event recorded after that spin, so all start together. Time = the slowest GPU's (a step waits for it)."""
+    from hw.pipeline import _fn
+    from ulacache.backends.cupy_copy import HostPool, exchange_rows, gather_rows
+
+    cp = cupy()
+    rng = np.random.default_rng(seed)
+    if kind == "peer":
+        enable_peer_access(num_gpus)
+    pools = []
+    for g in range(num_gpus):
+        with cp.cuda.Device(g):  # non-zero patterns (cheap to make; a copy does not care which bytes)
+            gpu = (cp.arange(gpu_rows * row_bytes, dtype=cp.int64) * 7 + g).astype(cp.uint8).reshape(gpu_rows, -1)
+            if kind == "peer":
+                src = (cp.arange(host_rows * row_bytes, dtype=cp.int64) * 5 + 1).astype(cp.uint8).reshape(host_rows,
+                                                                                                          -1)
+            else:
+                src = HostPool(host_rows, row_bytes)
+                src.array.reshape(-1)[:] = np.arange(src.array.size, dtype=np.int64).astype(np.uint8) | 1
+            pools.append((gpu, src, cp.cuda.Stream(non_blocking=True)))
+    out = []
+    for n in sizes:
+        idx = []
+        for g in range(num_gpus):
+            with cp.cuda.Device(g):
+                idx.append((_index_sets(rng, gpu_rows, n), _index_sets(rng, host_rows, n),
+                            cp.full(n, 1 if kind == "d2h" else 0, dtype=cp.uint8)))
+        inner = _inner(n, row_bytes)
+        samples = []
+        for rep in range(repeat + 1):
+            with cp.cuda.Device(0), pools[0][2]:
+                _fn("spin_ns")((1,), (1,), (np.int64(2_000_000),))
+                go = pools[0][2].record()
+            ends = []
+            for g in range(num_gpus):
+                gpu, src, s = pools[g]
+                with cp.cuda.Device(g), s:
+                    s.wait_event(go)
+                    a = s.record()
+                    gi, hi, vic = idx[g]
+                    for k in range(inner):
+                        i = (rep * inner + k) % NUM_SETS
+                        if kind == "peer":
+                            gather_rows(gpu, pools[(g + 1) % num_gpus][1], gi[i], hi[i], row_bytes, unroll=4,
+                                        stream=s)
+                        else:
+                            exchange_rows(gpu, src, gi[i], hi[i], vic, row_bytes, unroll=4, stream=s)
+                    ends.append((a, s.record()))
+            for g in range(num_gpus):
+                pools[g][2].synchronize()
+            if rep:
+                samples.append(max(cp.cuda.get_elapsed_time(a, b) for a, b in ends) * 1e-3 / inner)
+        t = float(np.median(samples))
+        out.append({"row_bytes": row_bytes, "num_rows": n, "kind": kind, "num_gpus": num_gpus, "time_s": t,
+                    "gb_s_per_gpu": n * row_bytes / t / 1e9})
+    return out

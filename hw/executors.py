@@ -28,7 +28,10 @@ def transfer_lists(cache, plan, pending: list) -> list[dict]:
         lst["peers"] = {}
         if bs is not None:
             lseg = cache.buffers.seg
-            m = bs.miss_rank == r
+            miss_rank = getattr(bs, "miss_rank", None)
+            if miss_rank is None:  # misses grouped by receiving rank, `counts` per rank
+                miss_rank = np.repeat(np.arange(R, dtype=np.int64), bs.counts)
+            m = miss_rank == r
             addrs, dst = bs.miss_addrs[m], bs.dests[m] - r * lseg
             src = np.array([new_place.get(a, -1) for a in addrs.tolist()], dtype=np.int64)
             old = cache.space.phys[addrs].astype(np.int64)

@@ -20,8 +20,27 @@ def utc_now() -> str:
 
 
 def command_line() -> str:
-    return " ".join(["ulacache", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("ulacache") else " ".join(
-        sys.argv)
+    """The command as a user types it (`ulacache hw ...` or `python3 -m hw ...`)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0.endswith("ulacache"):
+        return " ".join(["ulacache", *sys.argv[1:]])
+    if argv0.endswith("__main__.py"):
+        return " ".join(["python3 -m hw", *sys.argv[1:]])
+    return " ".join(sys.argv)
+
+
+def source_digest() -> str:
+    """sha1 of the kernel sources and hw/*.py: identifies the code that produced a figure without git."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "ulacache" / "backends" / "kernels").glob("*.cu")) + sorted((root / "hw").glob("*.py"))
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def device_facts() -> dict:
@@ -43,6 +62,7 @@ def device_facts() -> dict:
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
+        "source_digest": source_digest(),
     }
     if n > 1:
         facts["peer_access_0_1"] = bool(rt.deviceCanAccessPeer(0, 1))

@@ -35,7 +35,7 @@ def _fn(name):
 
 
 class DevicePbLru:
-    def __init__(self, cache, max_refs: int, version: int = 2):
+    def __init__(self, cache, max_refs: int, version: int = 3):
         cp = cupy()
         pol = cache.policy
         if cache.config.policy != "pb-lru":
@@ -48,13 +48,15 @@ class DevicePbLru:
         if self.R > 8:
             raise ValueError("the device pipeline handles at most 8 ranks (MAX_RANKS in pipeline.cu)")
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self.device_id, self._local = cp.cuda.Device().id, {}
         self.persist = sm * 8
         L = cache.space.marker.size
         z = lambda n, dt=cp.int64: cp.zeros(int(n), dtype=dt)
         self.phys = z(cache.space.phys.size)
         self.owner, self.stamps = z(self.G), z(self.G)
-        self.ring = cp.zeros((self.K + 1, self.G // 8), dtype=cp.uint8)
-        self.cold, self.free_bm = z(self.G // 8, cp.uint8), z(self.G // 8, cp.uint8)
+        # All bucket bitmaps as rows of one array (row 0 free, 1 cold, 2.. ring) so v3 selection indexes them.
+        self.bms = cp.zeros((self.K + 3, self.G // 8), dtype=cp.uint8)
+        self.free_bm, self.cold, self.ring = self.bms[0], self.bms[1], self.bms[2:]
         self.marker = z(L, cp.uint8)
         n = self.max_refs
         self.refs = z(n)
@@ -73,6 +75,12 @@ class DevicePbLru:
         self.chunks = max(1, -(-self.words_per_seg // (_BLOCK * 1)))  # WPT = 1 in access.cu
         self.chunk_counts = z(self.chunks * self.R)
         self.summary = z(-(-(self.G // 64) // 64) * 8, cp.uint8)
+        pairs = (self.K + 2) * self.R
+        if pairs > 1024:
+            raise ValueError("(num_recent_buckets + 2) * num_ranks must be <= 1024 (SEL_MAX_PAIRS in pipeline.cu)")
+        self.sel_counts = z(pairs * self.chunks)
+        self.sel_choff = z(pairs * self.chunks)
+        self.sel_want, self.sel_base = z(pairs), z(pairs)
 
     # -- state ---------------------------------------------------------------------------------------------------------
     def load(self, cache) -> None:
@@ -115,10 +123,12 @@ class DevicePbLru:
         self.mbase.fill(0)
         self.counters.fill(0)
         _fn("dedup_mark")((self.persist,), (_BLOCK,), (self.refs, i64(n), self.marker))
+        mark("dedup_mark")
         _fn("dedup_count")((self.dedup_blocks,), (_BLOCK,), (self.marker, i64(L), self.dedup_counts))
+        mark("dedup_count")
         _fn("dedup_emit")((self.dedup_blocks,), (_BLOCK,),
                           (self.marker, i64(L), self.dedup_counts, self.uniq, self.n_uniq))
-        mark("dedup")
+        mark("dedup_emit")
         mb = -(-n // (_BLOCK * 8))
         if self.version == 1:
             _fn("pipe_hits")((self.persist,), (_BLOCK,),
@@ -137,24 +147,38 @@ class DevicePbLru:
                                   np.int32(self.K), self.ring.view(cp.uint32), self.cold.view(cp.uint32),
                                   self.counters[0:1], i64(self.cpu_base), i64(self.cpu_slots), np.int32(self.R),
                                   self.places, self.miss_counts))
+            mark("classify")
             _fn("pipe_miss_emit2")((mb,), (_BLOCK,),
                                    (self.uniq, self.n_uniq, self.places, i64(self.G), i64(self.cpu_base),
                                     i64(self.cpu_slots), np.int32(self.R), self.miss_counts, self.mbase,
                                     self.miss_addr, self.miss_src))
-        mark("translate_hits_misses")
-        _fn("pipe_init_rem")((1,), (32,), (self.mbase, self.rem[: self.R], np.int32(self.R)))
-        wps = i64(self.words_per_seg)
-        nwords = self.G // 64
-        for s, bm in enumerate(self._sources(now)):
-            rin, rout = self.rem[s * self.R:(s + 1) * self.R], self.rem[(s + 1) * self.R:(s + 2) * self.R]
-            words = bm.view(cp.uint64)
-            sm = self.summary.view(cp.uint32)
-            _fn("bitmap_summary")((-(-(self.summary.size * 8) // _BLOCK),), (_BLOCK,),
-                                  (words, i64(nwords), sm, i64(self.summary.size // 4)))
-            _fn("pipe_select_count")((self.chunks, self.R), (_BLOCK,), (words, sm, wps, rin, self.chunk_counts))
-            _fn("pipe_select_emit")((self.chunks, self.R), (_BLOCK,),
-                                    (words, sm, wps, self.chunk_counts, self.mbase, rin, rout, self.dests))
-            mark(f"select_src{s}")
+        mark("misses")
+        if self.version >= 3:
+            S, wps = self.K + 2, self.words_per_seg
+            rw = self.G // 64
+            grid = (self.chunks, self.R, S)
+            words = self.bms.view(cp.uint64)
+            _fn("sel_count_all")(grid, (_BLOCK,), (words, i64(rw), i64(wps), i64(now), np.int32(self.K), self.mbase,
+                                                   self.sel_counts))
+            _fn("sel_plan")((1,), (_BLOCK,), (self.sel_counts, np.int32(self.chunks), np.int32(self.R), np.int32(S),
+                                              self.mbase, self.sel_want, self.sel_base, self.sel_choff))
+            _fn("sel_emit_all")(grid, (_BLOCK,), (words, i64(rw), i64(wps), i64(now), np.int32(self.K),
+                                                  self.sel_want, self.sel_base, self.sel_choff, self.dests))
+            mark("select")
+        else:
+            _fn("pipe_init_rem")((1,), (32,), (self.mbase, self.rem[: self.R], np.int32(self.R)))
+            wps = i64(self.words_per_seg)
+            nwords = self.G // 64
+            for s, bm in enumerate(self._sources(now)):
+                rin, rout = self.rem[s * self.R:(s + 1) * self.R], self.rem[(s + 1) * self.R:(s + 2) * self.R]
+                words = bm.view(cp.uint64)
+                sm = self.summary.view(cp.uint32)
+                _fn("bitmap_summary")((-(-(self.summary.size * 8) // _BLOCK),), (_BLOCK,),
+                                      (words, i64(nwords), sm, i64(self.summary.size // 4)))
+                _fn("pipe_select_count")((self.chunks, self.R), (_BLOCK,), (words, sm, wps, rin, self.chunk_counts))
+                _fn("pipe_select_emit")((self.chunks, self.R), (_BLOCK,),
+                                        (words, sm, wps, self.chunk_counts, self.mbase, rin, rout, self.dests))
+                mark(f"select_src{s}")
         _fn("pipe_victims")((self.persist,), (_BLOCK,),
                             (self.dests, self.mbase, np.int32(self.R), self.owner, self.victims, self.counters[1:2]))
         mark("victims")
@@ -174,12 +198,22 @@ class DevicePbLru:
         """The real KV exchange of rank `rank`'s misses between its GPU pool and pinned host pool (no host sync)."""
         from ulacache.backends.cupy_copy import _kernel, ptr_of, vectors_per_row
 
+        cp = cupy()
         vpr = vectors_per_row(row_bytes)
+        lists, r_idx = (self.dests, self.miss_src, self.victims, self.mbase), rank
+        dev_id = cp.cuda.Device().id
+        if dev_id != self.device_id:  # another GPU: copy this rank's slice of the lists locally first
+            loc = self._local.get(dev_id)
+            if loc is None:
+                loc = self._local[dev_id] = tuple(cp.zeros(self.max_refs, cp.int64) for _ in range(3)) + (
+                    cp.zeros(2, cp.int64),)
+            _fn("pipe_copy_slice")((self.persist,), (_BLOCK,), (self.dests, self.miss_src, self.victims, self.mbase,
+                                                                np.int32(rank)) + loc)
+            lists, r_idx = loc, 0
         k = _kernel("exchange_rows_dev", vpr, unroll)
-        k((self.persist,), (_BLOCK,), (np.uint64(ptr_of(gpu_pool)), np.uint64(ptr_of(host_pool)), self.dests,
-                                       self.miss_src, self.victims, self.mbase, np.int32(rank),
-                                       np.int64(rank * self.seg), np.int64(self.cpu_base + rank * self.cpu_slots),
-                                       np.int32(vpr)))
+        k((self.persist,), (_BLOCK,), (np.uint64(ptr_of(gpu_pool)), np.uint64(ptr_of(host_pool))) + lists[:3] + (
+            lists[3], np.int32(r_idx), np.int64(rank * self.seg), np.int64(self.cpu_base + rank * self.cpu_slots),
+            np.int32(vpr)))
 
     # -- read back -----------------------------------------------------------------------------------------------------
     def result(self) -> dict:

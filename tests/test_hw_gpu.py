@@ -75,3 +75,23 @@ def test_device_pipeline_equals_facade(mode, ranks):
     out = check_steps(cache, addrs, sel, dev, steps=12, decode_alloc=True)
     assert out["mismatched_steps"] == 0, out["diffs"]
     assert all(a == b for a, b in out["hits_facade_device"])
+
+
+@pytest.mark.parametrize("row_bytes", [656, 1152])
+def test_bulk_gather_equals_numpy(row_bytes):
+    import cupy as cp
+
+    from ulacache.backends.cupy_copy import HostPool, gather_rows_bulk
+
+    rng = np.random.default_rng(row_bytes + 1)
+    src_np = rng.integers(0, 256, size=(20_000, row_bytes), dtype=np.uint8)
+    host = HostPool(20_000, row_bytes)
+    host.array[:] = src_np
+    for src in (cp.asarray(src_np), host):
+        dst = cp.zeros((6_000, row_bytes), dtype=cp.uint8)
+        si = rng.choice(20_000, size=4321, replace=False)
+        di = rng.choice(6_000, size=4321, replace=False)
+        gather_rows_bulk(dst, src, cp.asarray(di), cp.asarray(si), row_bytes)
+        want = np.zeros((6_000, row_bytes), np.uint8)
+        want[di] = src_np[si]
+        assert np.array_equal(cp.asnumpy(dst), want)

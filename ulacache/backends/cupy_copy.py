@@ -40,6 +40,7 @@ def _copy_module_on(unroll: int, device_id: int):
     names += [f"exchange_rows_lines<{v},{unroll}>" for v in _FIXED_VPR]
     names += [f"exchange_rows_dev<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
     names += [f"stage_victims<{v},{unroll}>" for v in (0, *_FIXED_VPR)]
+    names += ["gather_rows_bulk"]
     code = (_KERNELS / "copy_rows.cu").read_text()
     mod = cp.RawModule(code=code, options=("-std=c++17",), name_expressions=names)
     return mod
@@ -176,3 +177,25 @@ def exchange_rows_split(gpu_pool, host_pool, gpu_idx, host_idx, victim, row_byte
     if nv:
         gather_rows(host_pool, stage, vh, ar, row_bytes, unroll=unroll, stream=wb)
     return wb.record(), stage
+
+
+def gather_rows_bulk(dst, src, dst_idx, src_idx, row_bytes: int, *, stream=None) -> None:
+    """gather_rows through the Hopper bulk copy engine (kernel v3, sm_90): one bulk request per row."""
+    cp = _cupy()
+    vectors_per_row(row_bytes)
+    di, si = _idx(dst_idx), _idx(src_idx)
+    n = int(di.size)
+    if si.size != n:
+        raise ValueError(f"gather_rows_bulk: {n} destination rows but {si.size} source rows")
+    if n == 0:
+        return
+    rps = max(1, 5376 // row_bytes)
+    smem = 4 * 2 * rps * row_bytes
+    if smem > 48 * 1024:
+        raise ValueError(f"gather_rows_bulk: rows of {row_bytes} B need {smem} B of shared memory (max 49152)")
+    k = _copy_module(4).get_function("gather_rows_bulk")
+    sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+    nbatch = -(-n // rps)
+    grid = max(1, min(-(-nbatch // 4), sm * 5))
+    k((grid,), (128,), (np.uint64(ptr_of(dst)), np.uint64(ptr_of(src)), di, si, np.int32(n), np.int32(row_bytes),
+                        np.int32(rps)), shared_mem=smem, stream=stream or cp.cuda.get_current_stream())

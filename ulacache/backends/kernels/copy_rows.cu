@@ -179,3 +179,68 @@ __global__ void __launch_bounds__(256) stage_victims(const uint4* __restrict__ g
     stage[e] = gpu[gpu_idx[r] * vpr + k];
   }
 }
+
+// ---- v3 gather through the bulk copy engine (Hopper cp.async.bulk): one request per row, global -> shared -> global.
+// Each warp's lane 0 streams its rows through two shared-memory stages: load stage i+1 while stage i is written
+// out. Rows must be 16-B aligned and a multiple of 16 B. Dynamic shared memory: warps * 2 * stage_bytes.
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bulk_load(void* dst_smem, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_u32(dst_smem)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bulk_store(void* dst, const void* src_smem, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               :: "l"(dst), "r"(smem_u32(src_smem)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned phase) {
+  asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra WAIT_%=;\n}" :: "r"(smem_u32(bar)), "r"(phase) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(128) gather_rows_bulk(char* __restrict__ dst, const char* __restrict__ src,
+                                                                   const long long* __restrict__ dst_idx,
+                                                                   const long long* __restrict__ src_idx, int n,
+                                                                   int row_bytes, int rows_per_stage) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ __align__(8) unsigned long long bars[4][2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  const int stage_bytes = rows_per_stage * row_bytes;
+  char* buf = smem + (size_t)warp * 2 * stage_bytes;
+  if (lane == 0) {
+    for (int s = 0; s < 2; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&bars[warp][s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  if (lane != 0) return;
+  const long long nbatch = (n + rows_per_stage - 1) / rows_per_stage;
+  const long long first = (long long)blockIdx.x * nwarps + warp, stride = (long long)gridDim.x * nwarps;
+  auto issue = [&](long long b, int s) {
+    long long r0 = b * rows_per_stage;
+    int cnt = (int)((n - r0) < rows_per_stage ? (n - r0) : rows_per_stage);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_u32(&bars[warp][s])), "r"((unsigned)(cnt * row_bytes)) : "memory");
+    for (int j = 0; j < cnt; ++j)
+      bulk_load(buf + s * stage_bytes + j * row_bytes, src + src_idx[r0 + j] * row_bytes, row_bytes, &bars[warp][s]);
+  };
+  int it = 0;
+  if (first < nbatch) issue(first, 0);
+  for (long long b = first; b < nbatch; b += stride, ++it) {
+    const int s = it & 1;
+    long long nb = b + stride;
+    if (nb < nbatch) {
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // stage s^1's previous stores have read smem
+      issue(nb, s ^ 1);
+    }
+    mbar_wait(&bars[warp][s], (it >> 1) & 1);
+    long long r0 = b * rows_per_stage;
+    int cnt = (int)((n - r0) < rows_per_stage ? (n - r0) : rows_per_stage);
+    for (int j = 0; j < cnt; ++j)
+      bulk_store(dst + dst_idx[r0 + j] * row_bytes, buf + s * stage_bytes + j * row_bytes, row_bytes);
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}

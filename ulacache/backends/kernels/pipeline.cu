@@ -295,3 +295,108 @@ extern "C" __global__ void spin_ns(long long ns) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while ((long long)(t - t0) < ns);
 }
+
+// ---- v3: replacement over all sources in three launches (count, plan, emit) instead of three per source ---------
+// Bitmaps live as rows of one array `bms`: row 0 free, row 1 cold, row 2 + i ring row i. Source s of batch `now`:
+// 0 free, 1 cold, then recent ages K .. 1 (ring row (now - age) mod (K + 1)). chunk = blockDim.x words (WPT = 1).
+__device__ __forceinline__ long long src_row(int s, long long now, int K) {
+  if (s < 2) return s;
+  long long age = K - (s - 2), m = (now - age) % (K + 1);
+  return 2 + (m < 0 ? m + K + 1 : m);
+}
+
+extern "C" __global__ void sel_count_all(const unsigned long long* __restrict__ bms, long long row_words,
+                                         long long wps, long long now, int K, const long long* __restrict__ mbase,
+                                         long long* __restrict__ counts) {
+  const int c = blockIdx.x, r = blockIdx.y, s = blockIdx.z, nch = gridDim.x, R = gridDim.y;
+  long long* out = counts + ((long long)s * R + r) * nch + c;
+  if (mbase[r + 1] == mbase[r]) {  // this rank has no misses: nothing to find
+    if (threadIdx.x == 0) *out = 0;
+    return;
+  }
+  const unsigned long long* words = bms + src_row(s, now, K) * row_words + r * wps;
+  long long w = (long long)c * blockDim.x + threadIdx.x;
+  int pc = w < wps ? __popcll(words[w]) : 0;
+  long long t = block_sum(pc);
+  if (threadIdx.x == 0) *out = t;
+}
+
+#define SEL_MAX_PAIRS 1024
+// One block: per (source, rank) the number to take (want), where its slots start in dests (base), and the chunk
+// prefix offsets (chunk_off) -- the scan the emit blocks need, done once.
+extern "C" __global__ void sel_plan(const long long* __restrict__ counts, int nch, int R, int S,
+                                    const long long* __restrict__ mbase, long long* __restrict__ want,
+                                    long long* __restrict__ base, long long* __restrict__ chunk_off) {
+  __shared__ long long tot[SEL_MAX_PAIRS];
+  const int P = S * R;
+  for (int i = threadIdx.x; i < P; i += blockDim.x) {
+    long long t = 0;
+    for (int c = 0; c < nch; ++c) t += counts[(long long)i * nch + c];
+    tot[i] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < R) {
+    int r = threadIdx.x;
+    long long rem = mbase[r + 1] - mbase[r], taken = 0;
+    for (int s = 0; s < S; ++s) {
+      long long t = tot[s * R + r], w = rem < t ? rem : t;
+      want[s * R + r] = w;
+      base[s * R + r] = mbase[r] + taken;
+      taken += w;
+      rem -= w;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < P; i += blockDim.x) {
+    if (want[i] <= 0) continue;
+    long long acc = 0;
+    for (int c = 0; c < nch; ++c) {
+      chunk_off[(long long)i * nch + c] = acc;
+      acc += counts[(long long)i * nch + c];
+    }
+  }
+}
+
+extern "C" __global__ void sel_emit_all(unsigned long long* bms, long long row_words, long long wps, long long now,
+                                        int K, const long long* __restrict__ want, const long long* __restrict__ base,
+                                        const long long* __restrict__ chunk_off, long long* __restrict__ dests) {
+  const int c = blockIdx.x, r = blockIdx.y, s = blockIdx.z, nch = gridDim.x, R = gridDim.y;
+  const long long i = (long long)s * R + r, w = want[i];
+  if (w <= 0) return;
+  const long long coff = chunk_off[i * nch + c];
+  if (coff >= w) return;  // uniform across the block
+  unsigned long long* words = bms + src_row(s, now, K) * row_words + r * wps;
+  long long wi = (long long)c * blockDim.x + threadIdx.x;
+  unsigned long long v = wi < wps ? words[wi] : 0ull;
+  long long total;
+  long long before = coff + block_excl_scan(__popcll(v), &total);
+  if (before >= w || !v) return;
+  long long o = base[i] + before;
+  unsigned long long claimed = 0;
+  while (v && before < w) {
+    int b = __ffsll((long long)v) - 1;
+    dests[o++] = (r * wps + wi) * 64 + b;
+    claimed |= 1ull << b;
+    ++before;
+    v &= v - 1;
+  }
+  words[wi] &= ~claimed;
+}
+
+// TP: copy rank r's slice of the batch's exchange lists (on GPU 0) into this GPU's memory before its exchange, so
+// the exchange kernel reads its indices locally instead of over NVLink per 16-B piece. out_mb = {0, n}.
+extern "C" __global__ void pipe_copy_slice(const long long* __restrict__ dests, const long long* __restrict__ src,
+                                           const long long* __restrict__ victims, const long long* __restrict__ mbase,
+                                           int r, long long* __restrict__ out_d, long long* __restrict__ out_s,
+                                           long long* __restrict__ out_v, long long* __restrict__ out_mb) {
+  const long long b = mbase[r], n = mbase[r + 1] - b;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    out_mb[0] = 0;
+    out_mb[1] = n;
+  }
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    out_d[i] = dests[b + i];
+    out_s[i] = src[b + i];
+    out_v[i] = victims[b + i];
+  }
+}
