@@ -13,6 +13,7 @@ import numpy as np
 
 from .backends import get_backend
 from .config import CacheConfig
+from .errors import require
 from .local_buffer import LocalBuffers
 from .plan import Plan
 from .policies import POLICIES
@@ -360,8 +361,8 @@ class UlaCache:
             a = np.flatnonzero(self.space.phys >= 0)
             for idx, copies in self._copies(a):
                 for layer in sorted(self._last.layers_done if self._last else {0}):
-                    assert (self._data[copies, layer] == self._data[self.space.phys[a[idx]], layer]).all(), \
-                        "a cached copy differs from its entry"
+                    same = (self._data[copies, layer] == self._data[self.space.phys[a[idx]], layer]).all()
+                    require(same, "a cached copy differs from its entry")
 
 
 __all__ = ["UlaCache"]

@@ -9,4 +9,11 @@ class CapacityError(RuntimeError):
     """
 
 
-__all__ = ["CapacityError"]
+
+def require(condition, message: str) -> None:
+    """An invariant check that also holds under `python -O` (unlike `assert`): AssertionError naming the invariant."""
+    if not condition:
+        raise AssertionError(message)
+
+
+__all__ = ["CapacityError", "require"]

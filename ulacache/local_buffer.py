@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CapacityError
+from .errors import CapacityError, require
 from .plan import Plan
 from .pools import pad64
 
@@ -122,17 +122,17 @@ class LocalBuffers:
 
     def check(self, phys: np.ndarray) -> None:
         occ = np.flatnonzero(self.owner >= 0)
-        assert not (self.owner[~self.valid] >= 0).any(), "local-buffer padding slot used"
+        require(not (self.owner[~self.valid] >= 0).any(), "local-buffer padding slot used")
         free_bits = np.unpackbits(self.free_bm, bitorder="little").view(bool)
-        assert (free_bits == (self.valid & (self.owner < 0))).all(), "local-buffer free bitmap disagrees with owners"
+        require((free_bits == (self.valid & (self.owner < 0))).all(), "local-buffer free bitmap disagrees with owners")
         rank = occ // self.seg
         owners = self.owner[occ]
-        assert (phys[owners] >= 0).all(), "a local buffer holds a copy of a freed address"
-        assert (owners // self.slots_per_rank != rank).all(), "a local buffer holds a copy of an entry homed there"
+        require((phys[owners] >= 0).all(), "a local buffer holds a copy of a freed address")
+        require((owners // self.slots_per_rank != rank).all(), "a local buffer holds a copy of an entry homed there")
         for r in range(self.R):  # loop over ranks
             sel = rank == r
-            assert (self.map[r][owners[sel]] == occ[sel] - r * self.seg).all(), "local-buffer map disagrees"
-            assert int((self.map[r] >= 0).sum()) == int(sel.sum()), "local-buffer map has stale entries"
+            require((self.map[r][owners[sel]] == occ[sel] - r * self.seg).all(), "local-buffer map disagrees")
+            require(int((self.map[r] >= 0).sum()) == int(sel.sum()), "local-buffer map has stale entries")
 
 
 __all__ = ["LocalBuffers"]

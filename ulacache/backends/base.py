@@ -9,7 +9,8 @@ device copy and hand it back.
 Every primitive is deterministic and its output order is fully specified (see README.md in this folder), so the cupy
 and torch backends can match the numpy reference bit for bit. Conventions shared by all primitives:
 
-- addresses, places and slots are int64; -1 means "none" (padding in a batch, no owner, not resident);
+- addresses, places and slots are int64 (the facade's place table is int32 when every place fits, so `places` given
+  to `hit_mask` and gathered from that table may be int32); -1 means "none" (padding, no owner, not resident);
 - a bitmap over N slots is a uint8 array of N/8 bytes, N a multiple of 64; slot s is bit (s & 7) of byte (s >> 3)
   (little-endian bit order), so viewed as little-endian uint64 words, word w holds slots 64w .. 64w+63 with bit i =
   slot 64w + i;

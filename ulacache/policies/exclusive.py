@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..address_space import AddressSpace, water_fill
-from ..errors import CapacityError
+from ..errors import CapacityError, require
 from ..plan import Plan
 from ..pools import CpuPools, GpuPools
 
@@ -196,25 +196,25 @@ class ExclusivePolicy:
         gpu, space, cfg = self.gpu, self.space, self.cfg
         alloc = np.flatnonzero(space.phys >= 0)
         places = space.phys[alloc]
-        assert alloc.size == space.num_allocated, "allocated count drifted"
-        assert np.unique(places).size == places.size, "a physical place is claimed by two logical addresses"
-        assert (places < self.num_places).all(), "place out of range"
+        require(alloc.size == space.num_allocated, "allocated count drifted")
+        require(np.unique(places).size == places.size, "a physical place is claimed by two logical addresses")
+        require((places < self.num_places).all(), "place out of range")
         homes = space.home(alloc)
         on_gpu = places < gpu.num_places
-        assert (gpu.rank_of(places[on_gpu]) == homes[on_gpu]).all(), "GPU entry outside its home rank"
-        assert (self.cpu.rank_of(places[~on_gpu]) == homes[~on_gpu]).all(), "CPU entry outside its home rank"
-        assert (gpu.owner[places[on_gpu]] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping"
-        assert int((gpu.owner >= 0).sum()) == int(on_gpu.sum()), "GPU slot owned by an unmapped address"
-        assert not (gpu.owner[~gpu.valid] >= 0).any(), "padding slot used"
+        require((gpu.rank_of(places[on_gpu]) == homes[on_gpu]).all(), "GPU entry outside its home rank")
+        require((self.cpu.rank_of(places[~on_gpu]) == homes[~on_gpu]).all(), "CPU entry outside its home rank")
+        require((gpu.owner[places[on_gpu]] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping")
+        require(int((gpu.owner >= 0).sum()) == int(on_gpu.sum()), "GPU slot owned by an unmapped address")
+        require(not (gpu.owner[~gpu.valid] >= 0).any(), "padding slot used")
         free_bits = np.unpackbits(gpu.free_bm, bitorder="little").view(bool)
-        assert (free_bits == (gpu.valid & (gpu.owner < 0))).all(), "GPU free bitmap disagrees with owners"
+        require((free_bits == (gpu.valid & (gpu.owner < 0))).all(), "GPU free bitmap disagrees with owners")
         gcount = np.bincount(gpu.rank_of(places[on_gpu]), minlength=cfg.num_ranks)
         ccount = np.bincount(self.cpu.rank_of(places[~on_gpu]), minlength=cfg.num_ranks)
-        assert (gpu.num_free + gcount == cfg.gpu_slots).all(), "GPU free count not conserved"
-        assert (self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved"
+        require((gpu.num_free + gcount == cfg.gpu_slots).all(), "GPU free count not conserved")
+        require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
         hcount = np.bincount(homes, minlength=cfg.num_ranks)
         ids_free = np.array([space.free_ids(r) for r in range(cfg.num_ranks)])
-        assert (ids_free + hcount == space.slots_per_rank).all(), "logical ids not conserved"
+        require((ids_free + hcount == space.slots_per_rank).all(), "logical ids not conserved")
         self._check_policy(alloc, places, on_gpu)
 
     # -- hooks for subclasses ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..address_space import AddressSpace, IdStack
-from ..errors import CapacityError
+from ..errors import CapacityError, require
 from ..plan import Plan
 from ..pools import CpuPools, pad64
 
@@ -238,27 +238,27 @@ class HiSparsePolicy:
         space, cfg, D = self.space, self.cfg, self.D
         alloc = np.flatnonzero(space.phys >= 0)
         places = space.phys[alloc]
-        assert alloc.size == space.num_allocated, "allocated count drifted"
-        assert np.unique(places).size == places.size, "a CPU place is claimed by two logical addresses"
-        assert (places >= self.num_gpu_places).all() and (places < self.num_places).all(), "hisparse entry not on CPU"
-        assert (self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank"
+        require(alloc.size == space.num_allocated, "allocated count drifted")
+        require(np.unique(places).size == places.size, "a CPU place is claimed by two logical addresses")
+        require((places >= self.num_gpu_places).all() and (places < self.num_places).all(), "hisparse entry not on CPU")
+        require((self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank")
         ccount = np.bincount(self.cpu.rank_of(places), minlength=self.R)
-        assert (self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved"
+        require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
         res = np.flatnonzero(self.slot_of >= 0)
-        assert (space.phys[res] >= 0).all(), "a freed address is still resident"
-        assert (self.gowner[self.slot_of[res]] == res).all(), "device buffer owner disagrees with residency"
-        assert int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address"
+        require((space.phys[res] >= 0).all(), "a freed address is still resident")
+        require((self.gowner[self.slot_of[res]] == res).all(), "device buffer owner disagrees with residency")
+        require(int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address")
         rg = self.region_of[space.req_of[res]]
         local = self.slot_of[res] - self.region_base(rg)
-        assert ((local >= 0) & (local <= D)).all(), "a copy sits outside its request's device buffer"
+        require(((local >= 0) & (local <= D)).all(), "a copy sits outside its request's device buffer")
         used = np.flatnonzero(self.region_of >= 0)
-        assert np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer"
+        require(np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer")
         nregions = sum(len(s) for s in self.regions) + used.size
-        assert nregions == self.R * self.regions_per_rank, "device buffers not conserved"
+        require(nregions == self.R * self.regions_per_rank, "device buffers not conserved")
         srt = np.sort(self.lru, axis=1)
-        assert (srt == np.arange(D)).all(), "an LRU order is not a permutation of the buffer's slots"
+        require((srt == np.arange(D)).all(), "an LRU order is not a permutation of the buffer's slots")
         newest = self.newest[used]
-        assert (self.slot_of[newest] == self.region_base(self.region_of[used]) + D).all(), "newest token not resident"
+        require((self.slot_of[newest] == self.region_base(self.region_of[used]) + D).all(), "newest token not resident")
 
 
 __all__ = ["HiSparsePolicy"]

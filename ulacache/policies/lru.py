@@ -5,6 +5,7 @@ Replacement order per rank: free slots (lowest first), then occupied slots not t
 """
 from __future__ import annotations
 
+from ..errors import require
 from .exclusive import ExclusivePolicy
 
 
@@ -24,7 +25,7 @@ class LruPolicy(ExclusivePolicy):
             eligible[hit_places] = False  # the current batch's hits are protected
             s1, f1 = be.lru_select(be.asarray(gpu.stamps), be.asarray(eligible), gpu.seg, be.asarray(remaining))
             parts.append(be.to_numpy(s1))
-            assert (be.to_numpy(f1) == remaining).all(), "capacity was checked before selection"
+            require((be.to_numpy(f1) == remaining).all(), "capacity was checked before selection")
         return self._by_rank(parts), free_bm
 
     def _apply(self, selection) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..bitmaps import BucketBitmaps
+from ..errors import require
 from .exclusive import ExclusivePolicy
 
 
@@ -53,7 +54,7 @@ class PbLruPolicy(ExclusivePolicy):
                     buckets.put(kind, row, bitmap, slots.size)
                 parts.append(slots)
             remaining = remaining - found
-        assert not remaining.any(), "capacity was checked before selection"
+        require(not remaining.any(), "capacity was checked before selection")
         dests = self._by_rank(parts)
         buckets.add(be, dests, now, now)
         return dests, _Selection(free_bm, buckets)
@@ -78,19 +79,19 @@ class PbLruPolicy(ExclusivePolicy):
         expect = np.full(gpu.num_places, -1, dtype=np.int64)
         occ = np.flatnonzero(gpu.owner >= 0)
         age = np.clip(now - gpu.stamps[occ], 0, K + 1)
-        assert (age >= 1).all(), "a slot is in the current bucket between accesses"
+        require((age >= 1).all(), "a slot is in the current bucket between accesses")
         expect[occ] = np.where(age > K, -2, (now - age) % (K + 1))
         for row in range(K + 1):
             bits = np.unpackbits(self.buckets.ring[row], bitorder="little").astype(np.int64)
             member += bits
-            assert (expect[bits.astype(bool)] == row).all(), f"bucket row {row} holds a slot of another bucket"
+            require((expect[bits.astype(bool)] == row).all(), f"bucket row {row} holds a slot of another bucket")
         cold = np.unpackbits(self.buckets.cold, bitorder="little").astype(np.int64)
         member += cold
-        assert (expect[cold.astype(bool)] == -2).all(), "cold bucket holds a recent or free slot"
-        assert (member[occ] == 1).all(), "an occupied slot is in no bucket or in two"
+        require((expect[cold.astype(bool)] == -2).all(), "cold bucket holds a recent or free slot")
+        require((member[occ] == 1).all(), "an occupied slot is in no bucket or in two")
         sizes = [int(np.unpackbits(r).sum()) for r in self.buckets.ring] + [int(cold.sum())]
-        assert sizes == self.buckets.count.tolist(), "bucket member counts drifted"
-        assert (member.sum() == occ.size), "a free slot is in a bucket"
+        require(sizes == self.buckets.count.tolist(), "bucket member counts drifted")
+        require((member.sum() == occ.size), "a free slot is in a bucket")
 
 
 __all__ = ["PbLruPolicy"]
