@@ -86,6 +86,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sweep.json")
     args = ap.parse_args()
     items = grid(args.seeds)
+    load_before = os.getloadavg()
     if args.config is None:
         import yaml
 
@@ -105,7 +106,10 @@ def main() -> int:
         "bench": "sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+                    "python": platform.python_version(),
+                    "load_avg_1_5_15_before": [round(x, 2) for x in load_before],
+                    "load_avg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
+                    "note": "shared machine: other jobs may have run during the measurement (see load averages)"},
         "config": config_desc,
         "grid": items, "set": SETS, "runs": [one, two, e2e],
         "speedup_2_vs_1_workers": round(two["points_per_min"] / one["points_per_min"], 3),
