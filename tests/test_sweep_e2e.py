@@ -94,3 +94,41 @@ def test_plan_cli_real(fast_config, tmp_path, capsys):
             assert m["decode_throughput_tok_s"] == pytest.approx(evals[c]["throughput_tok_s"])
     assert (out / "plan.png").stat().st_size > 10_000
     assert "peak decode throughput" in capsys.readouterr().out
+
+
+def test_sigkill_mid_sweep_then_resume(fast_config, tmp_path):
+    """A real `ulacache sweep` killed with SIGKILL once some points are in the table; --resume finishes the rest
+    without rerunning or losing the finished ones."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "s"
+    grid = ["--grid", "system=sglang,ulacache", "--grid", "workload.max_concurrency=1,2,3"]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "ulacache_cli", "sweep", str(fast_config), *grid, "--out", str(out),
+                             "--workers", "1", "--no-progress"], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    table = out / "results.parquet"
+    while proc.poll() is None and not (table.exists() and len(pd.read_parquet(table)) >= 2):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = pd.read_parquet(table)
+    assert 2 <= len(before) < 6 and (before["status"] == "ok").all()
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("metrics.json")}
+    done = subprocess.run([sys.executable, "-m", "ulacache_cli", "sweep", str(fast_config), *grid, "--out",
+                           str(out), "--workers", "1", "--no-progress", "--resume"], cwd=root, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    after = pd.read_parquet(table)
+    assert len(after) == 6 and (after["status"] == "ok").all() and after["point_id"].is_unique
+    for path, stamp in stamps.items():  # finished points were not replayed again
+        assert path.stat().st_mtime_ns == stamp
+    merged = before.merge(after, on="point_id", suffixes=("_b", "_a"))
+    assert len(merged) == len(before)
+    assert (merged["decode_throughput_tok_s_b"] == merged["decode_throughput_tok_s_a"]).all()
