@@ -344,7 +344,7 @@ class UlaCache:
         a, places = self._payload_places(addrs, "addrs")
         r = self._rank(rank)
         remote = self.space.home(a) != r
-        bs = self.buffers.map[r][a]
+        bs = self.buffers.slots_of(a, r)
         if (remote & (bs < 0)).any():
             raise ValueError(f"address {int(a[remote & (bs < 0)][0])} has no copy in rank {r}'s local buffer")
         src = np.where(remote, self.buffers.base + r * self.buffers.seg + bs, places)

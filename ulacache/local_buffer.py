@@ -5,7 +5,8 @@ its own GPU pool; the others are looked up in the rank's buffer (a hit: `num_loc
 from their home rank's GPU pool (after any promotion from CPU) over NVLink (`num_peer_fetches`, counted per
 receiving rank). Replacement per rank: free buffer slots first (lowest first), then exact LRU over buffer slots not
 used by this batch, by (last-use step, slot); the i-th miss of a rank (ascending address) takes the i-th slot.
-Copies are caches: they never count as capacity. Memory: one int32 map per rank over the address space.
+Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: a dense
+table when small, else a hash table sized by the buffer).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 from .errors import CapacityError, require
 from .plan import Plan
 from .pools import pad64
+from .slot_map import make_slot_maps
 
 
 @dataclass
@@ -29,13 +31,14 @@ class _BufState:
 
 
 class LocalBuffers:
-    def __init__(self, be, num_ranks: int, slots: int, space_size: int, slots_per_rank: int, base_place: int):
+    def __init__(self, be, num_ranks: int, slots: int, space_size: int, slots_per_rank: int, base_place: int,
+                 dense_limit: int | None = None):
         self.be, self.R, self.slots = be, num_ranks, slots
         self.seg = pad64(slots)
         self.num_places = num_ranks * self.seg
         self.base = base_place  # unified place of buffer-local place 0
         self.slots_per_rank = slots_per_rank
-        self.map = np.full((num_ranks, space_size), -1, dtype=np.int32)
+        self.maps = make_slot_maps(num_ranks, space_size, slots, dense_limit)
         self.owner = np.full(self.num_places, -1, dtype=np.int64)
         self.stamps = np.zeros(self.num_places, dtype=np.int64)
         valid = np.zeros(self.num_places, dtype=bool)
@@ -58,7 +61,7 @@ class LocalBuffers:
                 raise CapacityError(
                     f"TP rank {r} needs {rem.size} remote entries in one batch; its local buffer holds {self.slots}"
                 )
-            bs = self.map[r].take(uniq.take(rem)).astype(np.int64)
+            bs = self.maps[r].get(uniq.take(rem))
             held = bs >= 0
             hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
             miss_idx.append(rem.take(np.flatnonzero(~held)))
@@ -93,8 +96,8 @@ class LocalBuffers:
         for r in range(self.R):  # loop over ranks: each rank's misses, dests and victims are one slice
             sl = slice(int(ends[r] - st.counts[r]), int(ends[r]))
             v = st.victims[sl]
-            self.map[r][v.take(np.flatnonzero(v >= 0))] = -1
-            self.map[r][st.miss_addrs[sl]] = st.dests[sl] - r * self.seg
+            self.maps[r].delete(v.take(np.flatnonzero(v >= 0)))
+            self.maps[r].set(st.miss_addrs[sl], st.dests[sl] - r * self.seg)
         self.owner[st.dests] = st.miss_addrs
         self.stamps[st.hit_places] = plan.now
         self.stamps[st.dests] = plan.now
@@ -103,21 +106,25 @@ class LocalBuffers:
     def invalidate(self, addrs: np.ndarray) -> None:
         """Drop every rank's copies of freed addresses."""
         for r in range(self.R):  # loop over ranks
-            bs = self.map[r][addrs]
-            held = bs >= 0
-            places = bs[held].astype(np.int64) + r * self.seg
+            bs = self.maps[r].get(addrs)
+            held = np.flatnonzero(bs >= 0)
+            places = bs.take(held) + r * self.seg
             self.owner[places] = -1
             self.free_bm = self.be.to_numpy(self.be.bitmap_set(self.be.asarray(self.free_bm), self.be.asarray(places)))
-            self.map[r][addrs[held]] = -1
+            self.maps[r].delete(addrs.take(held))
+
+    def slots_of(self, addrs: np.ndarray, r: int) -> np.ndarray:
+        """Rank r's buffer slot of each address, -1 where it holds no copy."""
+        return self.maps[r].get(addrs)
 
     def copies(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index into addrs, unified place) of every buffer copy of `addrs`."""
         idx, places = [], []
         for r in range(self.R):  # loop over ranks
-            bs = self.map[r][addrs]
+            bs = self.maps[r].get(addrs)
             held = np.flatnonzero(bs >= 0)
             idx.append(held)
-            places.append(self.base + r * self.seg + bs[held].astype(np.int64))
+            places.append(self.base + r * self.seg + bs.take(held))
         return np.concatenate(idx), np.concatenate(places)
 
     def check(self, phys: np.ndarray) -> None:
@@ -131,8 +138,10 @@ class LocalBuffers:
         require((owners // self.slots_per_rank != rank).all(), "a local buffer holds a copy of an entry homed there")
         for r in range(self.R):  # loop over ranks
             sel = rank == r
-            require((self.map[r][owners[sel]] == occ[sel] - r * self.seg).all(), "local-buffer map disagrees")
-            require(int((self.map[r] >= 0).sum()) == int(sel.sum()), "local-buffer map has stale entries")
+            keys, vals = self.maps[r].items()
+            order = np.argsort(owners[sel])
+            require(np.array_equal(keys, owners[sel][order]), "local-buffer map keys disagree with the owners")
+            require(np.array_equal(vals, occ[sel][order] - r * self.seg), "local-buffer map slots disagree")
 
 
 __all__ = ["LocalBuffers"]

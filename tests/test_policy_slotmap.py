@@ -1,0 +1,82 @@
+"""The TP local-buffer address -> slot maps: the hash map behaves like a dict; TP caches work on hash maps too."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ulacache.slot_map as slot_map
+from ulacache import CacheConfig, UlaCache
+from ulacache.slot_map import DenseSlotMap, HashSlotMap
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 5000), max_size=40, unique=True)), max_size=40))
+def test_hash_map_matches_a_dict(ops):
+    capacity = 64
+    maps = [HashSlotMap(5001, capacity), DenseSlotMap(5001, capacity)]
+    ref: dict[int, int] = {}
+    rng = np.random.default_rng(0)
+    for insert, keys in ops:
+        if insert:  # insert the absent keys while the map has room
+            new = [k for k in keys if k not in ref][: capacity - len(ref)]
+            vals = rng.integers(0, capacity, len(new))
+            for m in maps:
+                m.set(np.array(new, dtype=np.int64), vals.astype(np.int64))
+            ref.update(zip(new, vals.tolist()))
+        else:
+            gone = [k for k in keys if k in ref]
+            for m in maps:
+                m.delete(np.array(gone, dtype=np.int64))
+            for k in gone:
+                del ref[k]
+        probe = np.arange(0, 5001, 7, dtype=np.int64)
+        expect = np.array([ref.get(int(k), -1) for k in probe])
+        for m in maps:
+            assert np.array_equal(m.get(probe), expect)
+            keys_, vals_ = m.items()
+            assert keys_.tolist() == sorted(ref) and vals_.tolist() == [ref[k] for k in sorted(ref)]
+
+
+def test_hash_map_survives_many_insert_delete_cycles():
+    m, rng = HashSlotMap(10**9, 100), np.random.default_rng(1)
+    held = np.zeros(0, dtype=np.int64)
+    for _ in range(300):  # tombstones pile up and force rebuilds
+        drop = held[rng.random(held.size) < 0.5]
+        m.delete(drop)
+        held = np.setdiff1d(held, drop)
+        new = np.setdiff1d(rng.choice(10**9, 100 - held.size, replace=False), held)
+        m.set(new, new % 97)
+        held = np.union1d(held, new)
+        assert np.array_equal(m.get(held), held % 97)
+    assert m.bits <= 9  # stays sized by the capacity, not by the keys' range
+
+
+@pytest.mark.parametrize("policy", ["pb-lru", "lru"])
+def test_tp_cache_on_hash_maps_matches_dense_maps(policy, monkeypatch):
+    results = []
+    for limit in (slot_map.DENSE_LIMIT_BYTES, 0):
+        monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", limit)
+        c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=40, cpu_slots=200, policy=policy,
+                                 local_buffer_slots=48, payload_bytes=2))
+        assert isinstance(c.buffers.maps[0], HashSlotMap if limit == 0 else DenseSlotMap)
+        rng = np.random.default_rng(3)
+        a = c.alloc_many([1, 2, 3], [300, 300, 300])
+        c.write(a, rng.integers(0, 255, (a.size, 2), dtype=np.uint8))
+        out = []
+        for step in range(60):
+            sel = rng.choice(a, 40, replace=False)
+            plan = c.access(sel)
+            c.commit(plan)
+            out.append(plan.counts())
+            for r in range(4):
+                assert np.array_equal(c.read_local(plan.addrs, r), c.read(plan.addrs))
+            if step % 20 == 19:  # replace the oldest request: freed addresses are reused, copies must not be
+                live = sorted(c.space.requests)
+                c.free(live[0])
+                new = c.alloc(100 + step, 300)
+                c.write(new, rng.integers(0, 255, (new.size, 2), dtype=np.uint8))
+                a = np.concatenate([c.request_addresses(r) for r in sorted(c.space.requests)])
+                c.check_invariants()
+        c.check_invariants()
+        results.append(out)
+    assert results[0] == results[1]

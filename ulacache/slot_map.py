@@ -1,0 +1,132 @@
+"""Address -> slot maps for the TP local buffers: a dense table when it is small, else an open-addressing hash table.
+
+A dense int32 table over the whole address space per rank is the fastest lookup, but costs 4 bytes x addresses x
+ranks (8 ranks over 56M addresses: 1.8 GB). The hash table costs ~24 bytes per buffer slot instead. Both hold at most
+`capacity` entries and answer vectorized batches (no Python loop over keys: the hash probes all pending keys of a
+batch together, one linear-probing step per iteration).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DENSE_LIMIT_BYTES = 256 << 20  # per cache, all ranks together; above it the local buffers use hash maps
+_EMPTY, _TOMB = -1, -2
+_MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
+
+
+class DenseSlotMap:
+    def __init__(self, space_size: int, capacity: int):
+        self.table = np.full(space_size, -1, dtype=np.int32)
+
+    def get(self, addrs: np.ndarray) -> np.ndarray:
+        return self.table.take(addrs).astype(np.int64)
+
+    def set(self, addrs: np.ndarray, slots: np.ndarray) -> None:
+        self.table[addrs] = slots
+
+    def delete(self, addrs: np.ndarray) -> None:
+        self.table[addrs] = -1
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.flatnonzero(self.table >= 0)
+        return keys, self.table[keys].astype(np.int64)
+
+
+class HashSlotMap:
+    """Linear probing over a power-of-two table at most half full (deleted keys leave tombstones; the table is
+    rebuilt when live keys plus tombstones pass 3/4). Keys are distinct non-negative addresses."""
+
+    def __init__(self, space_size: int, capacity: int):
+        self.bits = max(6, int(np.ceil(np.log2(max(2 * capacity, 2)))))
+        self._alloc()
+
+    def _alloc(self) -> None:
+        size = 1 << self.bits
+        self.keys = np.full(size, _EMPTY, dtype=np.int64)
+        self.vals = np.full(size, -1, dtype=np.int64)
+        self._claim = np.zeros(size, dtype=np.int64)  # scratch: which pending key claims a free position
+        self.live = self.tombs = 0
+
+    def _home(self, addrs: np.ndarray) -> np.ndarray:
+        h = addrs.astype(np.uint64) * _MUL
+        return (h >> np.uint64(64 - self.bits)).astype(np.int64)
+
+    def _find(self, addrs: np.ndarray) -> np.ndarray:
+        """Table position of each key, -1 where absent."""
+        mask = (1 << self.bits) - 1
+        pos = self._home(addrs)
+        out = np.full(addrs.size, -1, dtype=np.int64)
+        pending = np.arange(addrs.size)
+        while pending.size:
+            p = pos.take(pending)
+            k = self.keys.take(p)
+            found = k == addrs.take(pending)
+            out[pending[found]] = p[found]
+            go = np.flatnonzero(~found & (k != _EMPTY))
+            pending = pending.take(go)
+            pos[pending] = (p.take(go) + 1) & mask
+        return out
+
+    def get(self, addrs: np.ndarray) -> np.ndarray:
+        pos = self._find(addrs)
+        return np.where(pos >= 0, self.vals.take(np.maximum(pos, 0)), -1)
+
+    def set(self, addrs: np.ndarray, slots: np.ndarray) -> None:
+        """Insert keys that are absent."""
+        if (self.live + self.tombs + addrs.size) * 4 > 3 << self.bits:
+            self._rebuild(addrs.size)
+        mask = (1 << self.bits) - 1
+        pos = self._home(addrs)
+        pending = np.arange(addrs.size)
+        while pending.size:
+            p = pos.take(pending)
+            k = self.keys.take(p)
+            free = np.flatnonzero(k < 0)
+            # Among pending keys probing the same free position, one wins this round: scatter the candidates'
+            # indices in reverse, so the lowest index is written last and wins (deterministic, no sort).
+            pf = p.take(free)
+            self._claim[pf[::-1]] = free[::-1]
+            win = free.take(np.flatnonzero(self._claim.take(pf) == free))
+            wp = p.take(win)
+            self.tombs -= int((self.keys.take(wp) == _TOMB).sum())
+            self.keys[wp] = addrs.take(pending.take(win))
+            self.vals[wp] = slots.take(pending.take(win))
+            self.live += win.size
+            lose = np.ones(pending.size, dtype=bool)
+            lose[win] = False
+            go = np.flatnonzero(lose)
+            pending = pending.take(go)
+            pos[pending] = (p.take(go) + 1) & mask
+
+    def delete(self, addrs: np.ndarray) -> None:
+        pos = self._find(addrs)
+        pos = pos[pos >= 0]
+        self.keys[pos] = _TOMB
+        self.vals[pos] = -1
+        self.live -= pos.size
+        self.tombs += pos.size
+
+    def _rebuild(self, incoming: int) -> None:
+        keys, vals = self.items()
+        while (keys.size + incoming) * 2 > 1 << self.bits:
+            self.bits += 1
+        self._alloc()
+        if keys.size:
+            self.set(keys, vals)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        at = np.flatnonzero(self.keys >= 0)
+        order = np.argsort(self.keys[at])
+        return self.keys[at][order], self.vals[at][order]
+
+
+def make_slot_maps(num_ranks: int, space_size: int, capacity: int, dense_limit: int | None = None) -> list:
+    """One map per rank: dense while num_ranks x space_size x 4 bytes <= dense_limit (default DENSE_LIMIT_BYTES,
+    read at call time), else hash maps."""
+    if dense_limit is None:
+        dense_limit = DENSE_LIMIT_BYTES
+    cls = DenseSlotMap if num_ranks * space_size * 4 <= dense_limit else HashSlotMap
+    return [cls(space_size, capacity) for _ in range(num_ranks)]
+
+
+__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMap", "HashSlotMap", "make_slot_maps"]
