@@ -4,7 +4,9 @@ A GPU slot touched at step s (its stamp) is in ring row s % (K + 1) while its ag
 cold bitmap after that. `rotate(now)` runs once per access batch (before the access at `now`): the ring row that is
 about to hold stamp `now` still holds stamp now - K - 1, which just turned cold, so it is OR-ed into the cold bitmap
 and cleared. Eviction order (DESIGN §3): cold, then recent buckets oldest -> newest; age 0 (current) is never a
-candidate. Candidate search goes through each bitmap's summary (one bit per non-empty 64-slot word)."""
+candidate. Candidate search goes through each bitmap's summary (one bit per non-empty 64-slot word); numpy derives a
+summary per search (O(slots / 64)), a GPU kernel would keep it current with atomics. Member counts per bucket let
+the search skip empty buckets."""
 from __future__ import annotations
 
 import numpy as np

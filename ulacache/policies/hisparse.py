@@ -257,6 +257,7 @@ class HiSparsePolicy:
         require(nregions == self.R * self.regions_per_rank, "device buffers not conserved")
         srt = np.sort(self.lru, axis=1)
         require((srt == np.arange(D)).all(), "an LRU order is not a permutation of the buffer's slots")
+        used = used[self.hist_len[used] > 0]  # a request allocated with 0 tokens has no newest token yet
         newest = self.newest[used]
         require((self.slot_of[newest] == self.region_base(self.region_of[used]) + D).all(), "newest token not resident")
 
