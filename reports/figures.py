@@ -305,12 +305,12 @@ PAIRS = (("predicted_s", "measured_s", 1e6), ("predicted_us", "measured_us", 1.0
 
 
 def _pairs(node):
-    """Yield (predicted_us, measured_us) from every record in validate.json that holds both."""
+    """Yield (predicted_us, measured_us, warmup) from every record in validate.json that holds both."""
     if isinstance(node, dict):
         for pk, mk, to_us in PAIRS:
             p, m = node.get(pk), node.get(mk)
             if isinstance(p, (int, float)) and isinstance(m, (int, float)) and not isinstance(p, bool):
-                yield float(p) * to_us, float(m) * to_us
+                yield float(p) * to_us, float(m) * to_us, bool(node.get("warmup", False))
                 return
         for v in node.values():
             if isinstance(v, (dict, list)):
@@ -323,7 +323,7 @@ def _pairs(node):
 def _validation_label(v: dict) -> str:
     d = v["data"] if isinstance(v["data"], dict) else {}
     dev = d.get("device")
-    dev = dev.get("name") or dev.get("device") if isinstance(dev, dict) else dev
+    dev = (dev.get("gpu") or dev.get("name")) if isinstance(dev, dict) else dev
     parts = [f"{d['mode']}" if d.get("mode") else None, f"{d['ranks']} ranks" if d.get("ranks") else None,
              str(dev) if dev else None]
     return ", ".join(p for p in parts if p) or v["_path"]
@@ -333,15 +333,20 @@ def sim_vs_hw(df, res, out_dir):
     rows = []
     for v in res.validations:
         label = _validation_label(v)
-        rows += [{"file": v["_path"], "setting": label, "predicted_us": p, "measured_us": m}
-                 for p, m in _pairs(v["data"])]
+        rows += [{"file": v["_path"], "setting": label, "predicted_us": p, "measured_us": m, "warmup": w}
+                 for p, m, w in _pairs(v["data"])]
     if not rows:
         raise Skip("no hw validate.json with predicted/measured pairs under this directory")
     t = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(6.4, 5.8))
-    for (f, label), g in t.groupby(["file", "setting"], sort=False):
-        ax.scatter(g["measured_us"], g["predicted_us"], alpha=0.7, s=18,
-                   label=f"{label} ({len(g)} steps)" if t["file"].nunique() == 1 else f"{label}: {f}")
+    for i, ((f, label), g) in enumerate(t.groupby(["file", "setting"], sort=False)):
+        color = plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10]
+        steady, warm = g[~g["warmup"]], g[g["warmup"]]
+        ax.scatter(steady["measured_us"], steady["predicted_us"], alpha=0.7, s=18, color=color,
+                   label=f"{label}: {f} ({len(steady)} steps)")
+        if len(warm):
+            ax.scatter(warm["measured_us"], warm["predicted_us"], s=30, facecolors="none", edgecolors=color,
+                       label=f"{label}: warm-up steps (excluded from errors)")
     lo = min(t["measured_us"].min(), t["predicted_us"].min())
     hi = max(t["measured_us"].max(), t["predicted_us"].max())
     ax.plot([lo, hi], [lo, hi], "k--", label="y = x (perfect prediction)")
@@ -351,10 +356,11 @@ def sim_vs_hw(df, res, out_dir):
     ax.set_xlabel("measured on the GPU (us per step)")
     ax.set_ylabel("simulator cost model (us per step)")
     ax.set_title("Simulator vs hardware: management + transfer time per step")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     png = _save(fig, out_dir, "sim_vs_hw.png")
     t["error_pct"] = 100 * (t["predicted_us"] - t["measured_us"]) / t["measured_us"]
+    t = t[~t["warmup"]]
     summary = t.groupby(["file", "setting"], sort=False).agg(
         steps=("error_pct", "size"), median_abs_error_pct=("error_pct", lambda e: e.abs().median()),
         median_signed_error_pct=("error_pct", "median"), measured_median_us=("measured_us", "median"),
