@@ -394,6 +394,9 @@ def plans(df, res, out_dir):
                        edgecolors=color, label=f"{name}: misses SLO")
             if entry.get("slo_edge"):
                 ax.axvspan(0.85, entry["slo_edge"], color=color, alpha=0.06)
+            if entry.get("ceiling"):
+                ax.axvline(entry["ceiling"], color=color, ls=":", label=f"{name}: admission ceiling "
+                                                                        f"{entry['ceiling']}")
             best = entry.get("best")
             if best:
                 ax.scatter([best["concurrency"]], [best["throughput_tok_s"]], marker="*", s=280, color=color,

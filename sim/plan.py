@@ -85,7 +85,8 @@ def search_peak(evaluate: Callable[[int], Evaluation], slo_ms: float, limit: int
                 lo = mid
             else:
                 hi = mid
-    _golden_refine(ev, slo_ms, lo, rel_tol)
+    # above an admission ceiling every cap admits the same requests: refine only up to the ceiling
+    _golden_refine(ev, slo_ms, min(lo, ceiling) if ceiling else lo, rel_tol)
     feasible = [e for e in ev.cache.values() if e.feasible(slo_ms)]
     best = max(feasible, key=lambda e: (e.throughput_tok_s, -e.concurrency))
     return SearchResult(best, sorted(ev.cache.values(), key=lambda e: e.concurrency), lo, ceiling, reason)
@@ -278,6 +279,9 @@ def plot_plan(plan: dict, path: Path) -> None:
         ax_l.plot(xs, [e["tpot_ms"] for e in evals], "o-", color=color, label=name)
         if entry["slo_edge"]:
             ax_t.axvspan(0.8, entry["slo_edge"], color=color, alpha=0.07)
+        if entry.get("ceiling"):
+            ax_t.axvline(entry["ceiling"], color=color, ls=":", label=f"{name} admission ceiling "
+                                                                     f"{entry['ceiling']} requests")
         best = entry["best"]
         if best:
             ax_t.scatter([best["concurrency"]], [best["throughput_tok_s"]], marker="*", s=300, color=color,
