@@ -143,9 +143,10 @@ def _evaluation(c: int, metrics: dict | None, slo_metric: str, error: str = "") 
 def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, systems: list[str],
              attention: str, out_dir, gpu_kv_gb: float | None = None, cpu_kv_gb: float | None = None,
              slo_metric: str = "tpot_ms_p50", config=None, sets=(), max_concurrency: int | None = None,
-             rel_tol: float = 0.0, requests_per_cap: int = 0, progress: bool = False) -> dict:
-    """Search each system; writes OUT/plan.json and OUT/plan.png; returns the plan dict."""
-    from sim.sweep import _override, parse_sets, run_point, sim_replay, sim_resolve
+             rel_tol: float = 0.0, requests_per_cap: int = 0, workers: int = 1, progress: bool = False) -> dict:
+    """Search each system (in parallel processes when workers > 1); writes OUT/plan.json and OUT/plan.png;
+    returns the plan dict."""
+    from sim.sweep import _override, parse_sets, sim_resolve
 
     out_dir = Path(out_dir)
     config_path = Path(config) if config is not None else default_config()
@@ -160,39 +161,58 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
     plan = {"model": model, "hardware": hardware, "num_gpus": num_gpus, "attention": attention,
             "gpu_kv_gb": gpu_kv_gb, "cpu_kv_gb": cpu_kv_gb, "slo_tpot_ms": slo_tpot_ms, "slo_metric": slo_metric,
             "config": str(config_path), "set": list(sets), "requests_per_cap": requests_per_cap, "systems": {}}
-    say = _printer(progress)
+    jobs = []
     for system in systems:
         overrides = base + [f"system={system}"]
         resolved = sim_resolve(config_path, overrides)  # bad keys/values fail here, before any replay
         limit = max_concurrency or (0 if requests_per_cap else int(resolved["workload"]["num_requests"]))
         if limit < 1:
             raise ValueError("--requests-per-cap needs --max-concurrency (the upper end of the search)")
+        jobs.append(dict(system=system, config_path=config_path, overrides=overrides, limit=limit,
+                         requests_per_cap=requests_per_cap, slo_tpot_ms=slo_tpot_ms, slo_metric=slo_metric,
+                         rel_tol=rel_tol, out_dir=out_dir, progress=progress))
+    if workers > 1 and len(jobs) > 1:  # one process per system search
+        from concurrent.futures import ProcessPoolExecutor
 
-        def evaluate(c: int, system=system, overrides=overrides) -> Evaluation:
-            extra = [f"{CONCURRENCY_KEY}={c}"]
-            if requests_per_cap:
-                extra.append(f"workload.num_requests={requests_per_cap * c}")
-            cfg = sim_resolve(config_path, overrides + extra)
-            outcome = run_point(sim_replay, cfg, str(out_dir / "runs" / system / f"c{c}"))
-            e = _evaluation(c, outcome["metrics"] if outcome["status"] == "ok" else None, slo_metric,
-                            outcome.get("error", ""))
-            say(f"plan {system}: cap {c} -> {e.throughput_tok_s:,.0f} tok/s, {slo_metric} {e.tpot_ms:.2f} ms, "
-                f"admitted {e.admitted}" + ("" if e.ok else f" (error: {e.error})"))
-            return e
-
-        start = time.perf_counter()
-        result = search_peak(evaluate, slo_tpot_ms, limit, rel_tol)
-        plan["systems"][system] = {
-            "best": dataclasses.asdict(result.best) if result.best else None,
-            "slo_edge": result.slo_edge, "ceiling": result.ceiling, "reason": result.reason,
-            "search_limit": limit, "num_replays": len(result.evaluations),
-            "search_wall_s": time.perf_counter() - start,
-            "evaluations": [dataclasses.asdict(e) for e in result.evaluations]}
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            entries = list(pool.map(_search_system, jobs))
+    else:
+        entries = [_search_system(job) for job in jobs]
+    for job, entry in zip(jobs, entries):
+        plan["systems"][job["system"]] = entry
     _add_speedups(plan)
     _write_json(out_dir / "plan.json", plan)
     plot_plan(plan, out_dir / "plan.png")
     plan["plot"] = str(out_dir / "plan.png")
     return plan
+
+
+def _search_system(job: dict) -> dict:
+    """One system's search over real replays (top-level so a process pool can run it)."""
+    from sim.sweep import run_point, sim_replay, sim_resolve
+
+    system, out_dir, slo_metric = job["system"], Path(job["out_dir"]), job["slo_metric"]
+    say = _printer(job["progress"])
+
+    def evaluate(c: int) -> Evaluation:
+        extra = [f"{CONCURRENCY_KEY}={c}"]
+        if job["requests_per_cap"]:
+            extra.append(f"workload.num_requests={job['requests_per_cap'] * c}")
+        cfg = sim_resolve(job["config_path"], job["overrides"] + extra)
+        outcome = run_point(sim_replay, cfg, str(out_dir / "runs" / system / f"c{c}"))
+        e = _evaluation(c, outcome["metrics"] if outcome["status"] == "ok" else None, slo_metric,
+                        outcome.get("error", ""))
+        say(f"plan {system}: cap {c} -> {e.throughput_tok_s:,.0f} tok/s, {slo_metric} {e.tpot_ms:.2f} ms, "
+            f"admitted {e.admitted}" + ("" if e.ok else f" (error: {e.error})"))
+        return e
+
+    start = time.perf_counter()
+    result = search_peak(evaluate, job["slo_tpot_ms"], job["limit"], job["rel_tol"])
+    return {"best": dataclasses.asdict(result.best) if result.best else None,
+            "slo_edge": result.slo_edge, "ceiling": result.ceiling, "reason": result.reason,
+            "search_limit": job["limit"], "num_replays": len(result.evaluations),
+            "search_wall_s": time.perf_counter() - start,
+            "evaluations": [dataclasses.asdict(e) for e in result.evaluations]}
 
 
 def _add_speedups(plan: dict) -> None:

@@ -48,6 +48,8 @@ def register(subparsers) -> None:
                     help="replay N x cap requests at each cap (0 = the config's workload.num_requests)")
     pl.add_argument("--rel-tol", type=float, default=0.0,
                     help="stop the SLO-edge search when the bracket is within this fraction (0 = exact)")
+    pl.add_argument("--workers", type=int, default=None,
+                    help="systems searched in parallel processes (default: CPU count; 1 = one after another)")
     pl.add_argument("--out", type=Path, required=True, help="output dir for plan.json, plan.png and the replays")
     pl.set_defaults(func=_plan)
 
@@ -90,14 +92,18 @@ def _plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--requests-per-cap must be >= 0, got {args.requests_per_cap}")
     if not 0 <= args.rel_tol < 1:
         raise ValueError(f"--rel-tol must be in [0, 1), got {args.rel_tol}")
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    import os
+
+    _positive("--workers", args.workers)
+    workers = args.workers or max(1, os.cpu_count() or 1)
+    systems = list(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip()))
     if not systems:
         raise ValueError("--systems is empty")
     result = run_plan(model=args.model, hardware=args.hardware, num_gpus=args.num_gpus, gpu_kv_gb=args.gpu_kv_gb,
                       cpu_kv_gb=args.cpu_kv_gb, slo_tpot_ms=args.slo_tpot_ms, slo_metric=args.slo_metric,
                       systems=systems, attention=args.attention, config=args.config, sets=args.sets,
                       max_concurrency=args.max_concurrency, rel_tol=args.rel_tol,
-                      requests_per_cap=args.requests_per_cap, out_dir=args.out,
+                      requests_per_cap=args.requests_per_cap, out_dir=args.out, workers=workers,
                       progress=True)
     print_plan(result)
     return 0

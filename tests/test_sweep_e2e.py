@@ -80,7 +80,7 @@ def test_plan_cli_real(fast_config, tmp_path, capsys):
     out = tmp_path / "plan"
     status = main(["plan", "--model", "glm-5.2", "--hardware", "h200", "--num-gpus", "8", "--gpu-kv-gb", "4",
                    "--cpu-kv-gb", "4", "--slo-tpot-ms", "1000", "--config", str(fast_config),
-                   "--max-concurrency", "4", "--requests-per-cap", "1", "--out", str(out)])
+                   "--max-concurrency", "4", "--requests-per-cap", "1", "--workers", "2", "--out", str(out)])
     assert status == 0
     plan = json.loads((out / "plan.json").read_text())
     assert set(plan["systems"]) == {"sglang", "hisparse", "ulacache"}
