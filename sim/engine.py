@@ -123,7 +123,7 @@ class Engine:
             running.append(i)
             if self.runner is not None:
                 rank = s if cap.num_spaces > 1 else 0
-                self.runner.admit(int(self.rid[i]), s, rank, int(self.inp[i]))
+                self.runner.admit(int(self.rid[i]), s, rank, int(self.inp[i]), int(self.running_per_space[s]))
 
     def _release(self, i: int):
         s = self.space[i]

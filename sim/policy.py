@@ -4,8 +4,9 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
 - `policy_groups`: the policy runs on that many indexer groups (the leading shallow groups, whose selections have
   little locality, are always among them); every other group copies the per-reference ratios of the nearest
   simulated deep group.
-- `request_fraction`: per admission space, every k-th admitted request (k = round(1 / fraction)) is simulated,
-  with pools scaled by the same fraction (+ one request's working set of slack).
+- `request_fraction`: per admission space, a request is simulated when fewer than ceil(running / k) of the space's
+  running requests are (k = round(1 / fraction)), so the simulated share stays ~1/k at every step; pools are scaled
+  by the same fraction, plus slack (one request's working set on the GPU, two whole requests in the logical tier).
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
 What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link. The engine turns them
 into rows with the exact reference counts of the whole batch, so sampled and full runs share one code path.
@@ -112,21 +113,35 @@ class PolicyRunner:
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
         self.tables = {g: AddressTable(max_request_tokens) for g in self.groups}
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
-        self.admitted_per_space: dict[int, int] = {}
+        self.sampled_per_space: dict[int, int] = {}
+        self.space_of: dict[int, int] = {}
         self.last: dict[int, dict] = {}  # group -> last ratios
         self.policy_calls = 0
         self.capacity_splits = 0
         self.buffer_peak_rows = 0.0
+        # Prompt KV placed in the CPU tier at admission arrives with the request (PD disaggregation): the library
+        # counts it as D2H rows of the next plan; we take it out of the decode step and report it apart.
+        self.prompt_cpu_rows: dict[int, np.ndarray] = {}
+        self.prompt_rows = 0.0
 
     # ---- request lifecycle
-    def admit(self, rid: int, space: int, rank: int, num_tokens: int) -> bool:
-        count = self.admitted_per_space.get(space, 0)
-        self.admitted_per_space[space] = count + 1
-        if count % self.k:
+    def admit(self, rid: int, space: int, rank: int, num_tokens: int, running_in_space: int) -> bool:
+        """Simulate this request if the space's simulated share would fall below 1/k of its running requests."""
+        count = self.sampled_per_space.get(space, 0)
+        if count >= math.ceil(running_in_space / self.k):
             return False
+        self.sampled_per_space[space] = count + 1
+        self.space_of[rid] = space
         self.sampled[rid] = rank
         for g, cache in self.caches.items():
-            self.tables[g].add(rid, cache.alloc(rid, int(num_tokens), rank=rank))
+            addrs = cache.alloc(rid, int(num_tokens), rank=rank)
+            self.tables[g].add(rid, addrs)
+            tier, where, _ = cache.locate(addrs)
+            n_ranks = cache.config.num_ranks
+            cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
+            self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
+            if g == self.groups[0]:
+                self.prompt_rows += float(cpu.sum()) * self.k  # one layer's rows, scaled to all requests
         return True
 
     def grow(self, rids: list[int], counts: np.ndarray):
@@ -150,6 +165,7 @@ class PolicyRunner:
     def release(self, rid: int):
         if self.sampled.pop(rid, None) is None:
             return
+        self.sampled_per_space[self.space_of.pop(rid)] -= 1
         for g, cache in self.caches.items():
             cache.free(rid)
             self.tables[g].remove(rid)
@@ -179,6 +195,9 @@ class PolicyRunner:
             sel = self.source.select(np.asarray(sids, dtype=np.int64), s_hist, s_steps, g, q)
             addrs = self.tables[g].lookup(sids, sel)
             totals = self._access(self.caches[g], addrs, num_ranks)
+            prompt = self.prompt_cpu_rows.pop(g, None)
+            if prompt is not None:
+                totals["d2h"] = np.maximum(totals["d2h"] - np.resize(prompt.astype(float), num_ranks), 0.0)
             out[g] = self._ratios(totals, ref_rank)
             self.policy_calls += 1
             stats_buffer = totals.get("buffer_rows")

@@ -58,7 +58,7 @@ def check_requests(requests) -> None:
 def cache_factory(cfg: SimConfig, system, max_request_tokens: int):
     """make_cache(group, k) -> a library cache sized for 1/k of the requests (k = request sampling stride).
 
-    Sampled pools get slack when k > 1: one request's working set on the GPU and one whole request in the logical
+    Sampled pools get slack when k > 1: one request's working set on the GPU and two whole requests in the logical
     (CPU) tier, so an uneven sample never fails an allocation the full system would have made."""
     from ulacache import CacheConfig, UlaCache
 
@@ -75,15 +75,15 @@ def cache_factory(cfg: SimConfig, system, max_request_tokens: int):
             buf = cap.device_buffer_slots
             ranks = 1 if system.tp else cfg.num_gpus  # TP replicates: every rank holds the same state
             gpu = max(scaled(cap.gpu_pool_slots, k, buf + 1), buf + 1)
-            cpu = max(scaled(cap.cpu_pool_slots, k, max_request_tokens), 1)
+            cpu = max(scaled(cap.cpu_pool_slots, k, 2 * max_request_tokens), 1)
             cc = CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
                              device_buffer_slots=buf, row_bytes=row, seed=cfg.workload["seed"])
         else:
             mode = "tp" if system.tp else "dp"
             ranks = cfg.num_gpus
-            gpu_slack = ws / m + (0 if cfg.cpu_storage else max_request_tokens / m)
+            gpu_slack = ws / m + (0 if cfg.cpu_storage else 2 * max_request_tokens / m)
             gpu = max(scaled(cap.gpu_pool_slots, k, gpu_slack), 64)
-            cpu = scaled(cap.cpu_pool_slots, k, max_request_tokens / m) if cfg.cpu_storage else 0
+            cpu = scaled(cap.cpu_pool_slots, k, 2 * max_request_tokens / m) if cfg.cpu_storage else 0
             local = scaled(cap.local_buffer_slots, k, ws) if system.tp else 0
             cc = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy=cfg.policy,
                              num_recent_buckets=cfg.ulacache["num_recent_buckets"], local_buffer_slots=local,
@@ -121,6 +121,8 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "unique_ref_fraction": st.unique / st.refs if st.refs else 1.0,
         "pcie_bytes_per_token": (st.h2d_bytes + st.d2h_bytes) / tokens,
         "pcie_h2d_bytes_per_token": st.h2d_bytes / tokens, "pcie_d2h_bytes_per_token": st.d2h_bytes / tokens,
+        "pcie_prompt_load_bytes": (runner.prompt_rows if runner else 0.0) * cfg.model.num_layers
+        * cfg.model.kv_bytes_per_token_layer,
         "nvlink_bytes_per_token": (st.peer_bytes + st.allgather_bytes) / tokens,
         "nvlink_kv_bytes_per_token": st.peer_bytes / tokens,
         "nvlink_collective_bytes_per_token": st.collective_bytes / tokens,
