@@ -20,8 +20,8 @@ def register(subparsers) -> None:
     sw.add_argument("--workers", type=int, default=None,
                     help="parallel replays (default: CPU count); 1 runs in-process without Ray")
     sw.add_argument("--address", default=None, help="address of an existing Ray cluster (host:port or ray://host:10001); workers need "
-                    "this package installed and the sweep dir on a shared filesystem (metrics.json is also written "
-                    "by the driver); Ray >= 2.5x token auth: the cluster's token must reach this process "
+                    "this package installed; the table and metrics.json are written by this process, per-point "
+                    "timelines on the worker's disk unless the sweep dir is shared; Ray >= 2.5x token auth: the cluster's token must reach this process "
                     "(~/.ray/auth_token or RAY_AUTH_TOKEN)")
     sw.add_argument("--resume", action="store_true", help="continue a sweep dir, skipping finished points")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
