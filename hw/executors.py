@@ -214,11 +214,12 @@ class GpuExecutor(NumpyExecutor):
             e0 = ev(s0)
             self.dev.launch_access(plan.now)
             e_acc = ev(s0)
-        exchanged, done = [], []
+        exchanged, done, starts = [], [], []
         for r in range(R):  # phase 1: each rank's exchange (PCIe) and new-token writes
             s = self.streams[r]
             with cp.cuda.Device(r), s:
                 s.wait_event(e_acc)
+                starts.append(ev(s))
                 self.dev.launch_exchange(self.gpu[r], self.host[r], r, self.rb)
                 d = staged[r]
                 if "pend_h" in d:
@@ -244,8 +245,12 @@ class GpuExecutor(NumpyExecutor):
             self.streams[r].synchronize()
         t = lambda a, b: cp.cuda.get_elapsed_time(a, b) * 1e-3
         res = self.dev.result()
-        return {"measured_s": t(e0, e1), "parts_s": {"access": t(e0, e_acc), "transfers": t(e_acc, e_x),
-                                                     "commit": t(e_x, e1)},
+        parts = {"access": t(e0, e_acc), "transfers": t(e_acc, e_x), "commit": t(e_x, e1)}
+        for r in range(R):  # per-rank GPU time of its exchange, and of its peer gathers (events on that GPU)
+            parts[f"exchange_r{r}"] = t(starts[r], exchanged[r])
+            if R > 1:
+                parts[f"peer_r{r}"] = t(exchanged[r], done[r])
+        return {"measured_s": t(e0, e1), "parts_s": parts,
                 "num_hits": res["num_hits"], "diffs": compare_with_plan(res, plan)}
 
     def check_state(self) -> list:

@@ -42,6 +42,7 @@ class TraceSelections:
         self.ids = req["request_id"].to_numpy(np.int64)
         self.hist = np.minimum(req["input_tokens"].to_numpy(np.int64), history)
         self.top_k = int(tr.selections.top_k)
+        self.meta = {k: tr.meta.get(k) for k in ("profile", "seed", "num_requests", "model", "num_groups")}
         self.step_no = 0
 
     def step(self) -> np.ndarray:
@@ -118,6 +119,7 @@ def run(args) -> dict:
     errs = np.array([abs(s["rel_err"]) for s in timed])
     out = {
         "date": utc_now(), "command": command_line(), "device": ex.facts(), "trace": args.trace, "ranks": R,
+        "trace_meta": getattr(sel, "meta", {"generator": "hw.workload.Selector", "seed": 0}),
         "mode": mode, "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
         "gpu_slots_per_rank": args.gpu_slots, "calibration": str(calib) if calib else None,
         "hits_facade": int(sum(s["num_hits"] for s in steps)),
