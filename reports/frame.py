@@ -131,4 +131,4 @@ def _facet_title(df: pd.DataFrame) -> str:
 def need(df: pd.DataFrame, cols, what: str) -> None:
     missing = [c for c in cols if c not in df.columns or df[c].isna().all()]
     if df.empty or missing:
-        raise Skip(f"no {what} in the results" + (f" (missing: {', '.join(missing)})" if missing else ""))
+        raise Skip(f"no {what} found" + (f" (missing: {', '.join(missing)})" if missing else ""))
