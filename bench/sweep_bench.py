@@ -57,7 +57,8 @@ def timed_sweep(config: Path, items: list[str], sets: list[str], workers: int, p
         import ray
 
         t = time.perf_counter()
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
+                 log_to_driver=False)
         ray_start_s = time.perf_counter() - t
     try:
         t = time.perf_counter()

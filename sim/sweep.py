@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import math
+import numbers
 import os
 import re
 import time
@@ -241,7 +242,7 @@ class ResultsTable:
         for col in df.columns:  # pyarrow needs one type per column
             if df[col].dtype == object:
                 kinds = {type(v) for v in df[col] if v is not None and not (isinstance(v, float) and math.isnan(v))}
-                if len(kinds) > 1 and not kinds <= {int, float, bool}:
+                if len(kinds) > 1 and not all(issubclass(k, numbers.Number) or k.__name__ == "bool_" for k in kinds):
                     df[col] = df[col].map(lambda v: None if v is None else str(v))
         return df
 
@@ -270,7 +271,8 @@ def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, w
         if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
+            # address="local": always a fresh local instance, even when `ray start` left a cluster file around
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
                      log_to_driver=False)
         started = True
     try:
