@@ -62,19 +62,28 @@ def measure_management(shapes, history: int = 32768, gpu_slots: int = 1 << 20, s
     return out
 
 
-def measure_links(ceil: dict, quick: bool) -> dict:
+def measure_links(ceil: dict, quick: bool, num_gpus: int = 1) -> dict:
+    """One GPU transferring alone. PCIe figures are measured on every GPU in turn and the slowest GPU's time is kept
+    (a step waits for its slowest rank); the per-GPU times stay in `by_gpu`. Peer: GPU 0 pulls from GPU 1."""
     from hw import copybench
 
+    cp = cupy()
     rows = LINK_ROWS[:3] if quick else LINK_ROWS
     host_rows, gpu_rows = (200_000, 100_000) if quick else (400_000, 200_000)
-    res = {"h2d": [], "d2h": [], "peer": []}
+    res = {"h2d": [], "d2h": [], "peer": [], "by_gpu": []}
     for rb in ROW_SIZES:
         hr = min(host_rows, (512 << 20) // rb)
         gr = min(gpu_rows, hr // 2)
         sizes = [n for n in rows if n <= gr]
-        res["h2d"] += copybench.bench_exchange(rb, sizes, host_rows=hr, gpu_rows=gr, variants=("read_only",),
-                                               repeat=9)
-        res["d2h"] += copybench.bench_exchange(rb, sizes, host_rows=hr, gpu_rows=gr, variants=("flat",), repeat=9)
+        for kind, variant in (("h2d", "read_only"), ("d2h", "flat")):
+            per_gpu = []
+            for g in range(num_gpus):
+                with cp.cuda.Device(g):
+                    pts = copybench.bench_exchange(rb, sizes, host_rows=hr, gpu_rows=gr, variants=(variant,),
+                                                   repeat=9)
+                per_gpu.append(pts)
+                res["by_gpu"] += [{**p, "kind": kind, "gpu": g} for p in pts]
+            res[kind] += [max(pts, key=lambda p: p["time_s"]) for pts in zip(*per_gpu)]
         if "p2p_gb_s" in ceil:
             res["peer"] += copybench.bench_gather(rb, sizes, src_rows=hr, dst_rows=gr, mode="pull", unrolls=(4,),
                                                   repeat=9)
@@ -141,9 +150,9 @@ def run(quick: bool = False) -> tuple[dict, dict | None, dict]:
     hbm = HARDWARE_PRESETS["h200"].hbm_bw_bytes_s
     base["hbm_efficiency"] = min(1.0, ceil["d2d_rw_gb_s"] * 1e9 / hbm)
     min_rows = 1024 if quick else FIT_MIN_ROWS
-    raw["links"] = measure_links(ceil, quick)
-    single_links, raw["link_fits"] = link_costs(raw["links"], ceil, min_rows)
     ngpu = raw["device"]["num_gpus"]
+    raw["links"] = measure_links(ceil, quick, ngpu)
+    single_links, raw["link_fits"] = link_costs(raw["links"], ceil, min_rows)
     multi_links = None
     if ngpu > 1:
         raw["links_concurrent"] = measure_links_concurrent(ceil, ngpu, quick)
@@ -169,7 +178,7 @@ def run(quick: bool = False) -> tuple[dict, dict | None, dict]:
                         f"one); peer = pull gather; link latency/efficiency fitted on {min_rows}+ rows"}
         return {"provenance": prov, "costs": costs}
 
-    single = calib(single_links, "one GPU transferring alone")
+    single = calib(single_links, "one GPU transferring alone (slowest of the GPUs)")
     if multi_links is None:
         return single, None, raw
     return calib(multi_links, f"all {ngpu} GPUs transferring at once (node regime)"), single, raw

@@ -5,7 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-out/device}
 mkdir -p "$OUT"
-LOG="$OUT/run.log"
+LOG=${LOG:-$OUT/run.log}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 for step in ${1:-tests bench}; do
@@ -24,6 +24,14 @@ for step in ${1:-tests bench}; do
         timeout 200 python3 -m hw validate synthetic --ranks 2 --mode $mode --calibration "$OUT/h200.yaml" \
           --out "$OUT/validate_${mode}2.json" ${VALIDATE_ARGS:-} 2>&1 | tee -a "$LOG"
       done ;;
+    validate_trace)  # the multi-lexsum profile trace (64 requests, histories capped at 32K)
+      python3 -m ulacache_cli trace gen --profile multi-lexsum --num-requests 64 --seed 1 --out /tmp/tr --force \
+        >>"$LOG" 2>&1
+      timeout 200 python3 -m hw validate /tmp/tr --ranks 1 --steps 30 --requests 64 --history 32768 \
+        --gpu-slots 393216 --calibration "$OUT/h200_single_gpu.yaml" --out "$OUT/validate_trace_dp1.json" 2>&1 \
+        | tee -a "$LOG"
+      timeout 200 python3 -m hw validate /tmp/tr --ranks 2 --mode tp --steps 30 --requests 64 --history 32768 \
+        --gpu-slots 262144 --calibration "$OUT/h200.yaml" --out "$OUT/validate_trace_tp2.json" 2>&1 | tee -a "$LOG" ;;
   esac
 done
 echo "=== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
