@@ -1,4 +1,4 @@
-"""First-call probe (kernel versions v1/v2 of the row movers, ceilings, cupy primitive costs).
+"""First-call probe (row-mover variants, ceilings, cupy primitive costs); produced hw/results/probe_v1.json.
 
 Run on the device: `python3 -m hw.probe OUT.json`. Prints a short table and writes all figures as JSON; the
 figures feed hw/NOTES.md (which kernel variant to keep, and what the access pipeline can afford).
@@ -51,8 +51,8 @@ def main(path: str) -> int:
     for rb in (656, 1152):
         ex += copybench.bench_exchange(rb, sizes, host_rows=1_000_000, gpu_rows=500_000, variants=("flat", "lines"),
                                        unrolls=(4, 8))
-        ex += copybench.bench_exchange(rb, [131072], host_rows=1_000_000, gpu_rows=500_000, variants=("flat",),
-                                       unrolls=(8,), victims=False)
+        ex += copybench.bench_exchange(rb, [131072], host_rows=1_000_000, gpu_rows=500_000,
+                                       variants=("read_only",), unrolls=(8,))
     res["exchange"] = ex
     ga = []
     for rb in (656, 1152):
@@ -66,7 +66,7 @@ def main(path: str) -> int:
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     for r in ex:
-        print(f"exch {r['row_bytes']:5d} n={r['num_rows']:7d} {r['variant']:5s} u={r['unroll']} v={r['victims']} "
+        print(f"exch {r['row_bytes']:5d} n={r['num_rows']:7d} {r['variant']:9s} u={r['unroll']} "
               f"{r['time_s'] * 1e6:9.1f} us {r['h2d_gb_s']:6.1f} GB/s")
     for r in ga:
         print(f"gath {r['row_bytes']:5d} n={r['num_rows']:7d} {r['mode']:5s} u={r['unroll']} "
