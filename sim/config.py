@@ -26,7 +26,7 @@ SCHEMA: dict[str, Any] = {
     "cpu_storage": (True, "bool"),
     "spec": {
         "draft_tokens": (0, "int"),  # verify tokens per request per step (0 = speculative decoding off)
-        "accept_mean": (3.0, "float"),  # mean accepted tokens per verify step (DESIGN §7: 2.2-3.5)
+        "accept_mean": (None, "opt_float"),  # mean accepted per verify step; None = 1 + 2/3 (q - 1) (3.0 at q = 4)
         "accept_probs": (None, "list_float"),  # explicit P(accept = 1..draft_tokens); overrides accept_mean
     },
     "workload": {
@@ -59,6 +59,7 @@ SCHEMA: dict[str, Any] = {
         "policy_groups": (0, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
         "request_fraction": (1.0, "float"),  # share of requests whose selections run through the policy
         "step_stride": (1, "int"),  # run the policy every Nth step; steps between reuse the last ratios
+        "pilot_steps": (8, "int"),  # policy steps on all groups before stratifying (0 = stratify up front)
     },
     "output": {
         "trace_event_steps": (20, "int"),  # decode steps recorded in --trace-events (keeps files small)
@@ -246,7 +247,7 @@ def build(tree: dict) -> SimConfig:
     if spec["draft_tokens"] < 0:
         raise ValueError("config key spec.draft_tokens must be >= 0")
     q = max(1, spec["draft_tokens"])
-    if q > 1 and not 1.0 <= spec["accept_mean"] <= q:
+    if q > 1 and spec["accept_mean"] is not None and not 1.0 <= spec["accept_mean"] <= q:
         raise ValueError(f"config key spec.accept_mean must be in [1, {q}] for spec.draft_tokens="
                          f"{spec['draft_tokens']}, got {spec['accept_mean']}")
     if spec["accept_probs"] is not None and q > 1:

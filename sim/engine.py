@@ -20,7 +20,8 @@ from sim.timing import PARTS, GroupWork, StepTimer
 
 
 def accept_distribution(spec: dict) -> np.ndarray:
-    """P(accepted = 1..q): explicit `accept_probs`, else 1 + Binomial(q - 1, p) with mean `accept_mean`."""
+    """P(accepted = 1..q): explicit `accept_probs`, else 1 + Binomial(q - 1, p) with mean `accept_mean`
+    (default 1 + 2/3 (q - 1): 3.0 for the recipes' 4 verify tokens, DESIGN §7's 2.2-3.5 range)."""
     q = max(1, spec["draft_tokens"])
     if spec["accept_probs"] is not None:
         return np.asarray(spec["accept_probs"], dtype=float)
@@ -28,7 +29,8 @@ def accept_distribution(spec: dict) -> np.ndarray:
         return np.ones(1)
     from math import comb
 
-    p = (spec["accept_mean"] - 1.0) / (q - 1)
+    mean = spec["accept_mean"] if spec["accept_mean"] is not None else 1.0 + (q - 1) * 2.0 / 3.0
+    p = (mean - 1.0) / (q - 1)
     return np.array([comb(q - 1, j) * p ** j * (1 - p) ** (q - 1 - j) for j in range(q)])
 
 
@@ -195,6 +197,7 @@ class Engine:
             else:
                 ratios = self.runner.last
         sim_ranks = [0] if sysm.symmetric_ranks else list(range(n_gpu))
+        tracing = self.recorder is not None and self.recorder.enabled
         keys = sysm.indexer_keys(hist_rank.tolist(), float(hist.sum()))
         allgather_b = sysm.indexer_allgather_bytes(tokens_total)
         allgather_s = costs.collective_s(allgather_b, n_gpu, "allgather") if allgather_b else 0.0
@@ -203,10 +206,26 @@ class Engine:
         heads = m.num_heads / n_gpu if tp else m.num_heads
         row = m.kv_bytes_per_token_layer
         prefetch = sysm.name == "ulacache"
-        work = []
         layer_w = self.group_layers
         hits = unique = 0.0
         h2d_rows_tot = d2h_rows_tot = peer_rows_tot = 0.0
+        rows = {}  # distinct ratio set -> (h2d, d2h, peer) rows per rank, one layer
+        if ratios:
+            for rep in sorted(set(int(x) for x in self.runner.group_of)):
+                rt = ratios[rep]
+                rows[rep] = tuple(np.resize(np.asarray(rt[k], float), n_gpu) * ref_rank for k in ("h2d", "d2h", "peer"))
+            copies = n_gpu if sysm.symmetric_ranks else 1
+            for g in range(m.num_index_groups):
+                h, d, p = rows[int(self.runner.group_of[g])]
+                scale = layer_w[g] * copies
+                h2d_rows_tot += (h[0] if copies > 1 else h.sum()) * scale
+                d2h_rows_tot += (d[0] if copies > 1 else d.sum()) * scale
+                peer_rows_tot += (p[0] if copies > 1 else p.sum()) * scale
+            if tp and not sysm.symmetric_ranks and not tracing:
+                # TP ranks compute the same; a group ends with the slowest rank, and a rank's time grows with each of
+                # its concurrent link volumes: the ranks with the most of some link's rows are the only candidates
+                sim_ranks = sorted({int(np.argmax(arr)) for h, d, p in rows.values() for arr in (h, d, p)})
+        work = []
         for r in sim_ranks:
             per_group = []
             qtok = n_rank[r] * q
@@ -215,17 +234,13 @@ class Engine:
             for g in range(m.num_index_groups):
                 h2d = d2h = peer = mgmt = 0.0
                 if ratios:
-                    rt = ratios[int(self.runner.group_of[g])]
-                    h2d, d2h, peer = (rt["h2d"][r] * ref_rank[r], rt["d2h"][r] * ref_rank[r],
-                                      rt["peer"][r] * ref_rank[r])
+                    rep = int(self.runner.group_of[g])
+                    rt = ratios[rep]
+                    h2d, d2h, peer = (x[r] for x in rows[rep])
                     if sysm.name == "hisparse":
                         mgmt = costs.hisparse_management_s(ref_rank[r], h2d)
                     else:
                         mgmt = costs.management_s(ref_rank[r], rt["unique"] * ref_rank[r], rt["misses"] * ref_rank[r])
-                    scale = layer_w[g] * (n_gpu if sysm.symmetric_ranks else 1)
-                    h2d_rows_tot += h2d * scale
-                    d2h_rows_tot += d2h * scale
-                    peer_rows_tot += peer * scale
                 per_group.append(GroupWork(
                     layers=int(layer_w[g]), indexer_s=idx_s if n_rank[r] or tp else 0.0, allgather_s=allgather_s,
                     mgmt_s=mgmt, h2d_bytes=costs.h2d_link_bytes(h2d, row), d2h_bytes=costs.d2h_link_bytes(d2h, row),
@@ -248,7 +263,6 @@ class Engine:
                    + costs.layer_collectives_s(n_total / n_gpu, n_gpu, tp))
             epilogue["draft_s"] = (q - 1) * costs["draft_layer_equiv"] * one
         t_start = self.env.now
-        tracing = self.recorder is not None and self.recorder.enabled
         step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing)
 
         # accept and advance

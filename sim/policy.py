@@ -1,12 +1,15 @@
 """Runs the library's real policy on the trace's selections, on a sample of indexer groups and requests.
 
 Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
-- `policy_groups`: the policy runs on that many indexer groups (the leading shallow groups, whose selections have
-  little locality, are always among them); every other group copies the per-reference ratios of the nearest
-  simulated deep group.
+- `policy_groups`: the policy runs on that many indexer groups, a stratified sample. With `pilot_steps` > 0
+  (default 8) every group is simulated for that many policy steps first; the groups' hit ratios measured over the
+  pilot's warm second half are split into `policy_groups` bands (1-D clustering, layer-weighted), and the member
+  nearest each band's mean is simulated from then on and stands for its band (per-reference ratios copied). With
+  `pilot_steps: 0` the bands are cut up front on the generator's per-group target overlap, or, for captured
+  selections, the leading shallow groups are kept apart and the rest is cut by index.
 - `request_fraction`: per admission space, a request is simulated when fewer than ceil(running / k) of the space's
   running requests are (k = round(1 / fraction)), so the simulated share stays ~1/k at every step; pools are scaled
-  by the same fraction, plus slack (one request's working set on the GPU, two whole requests in the logical tier).
+  by the same fraction (+ two whole requests of slack in the logical CPU tier, none on the GPU).
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
 What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link. The engine turns them
 into rows with the exact reference counts of the whole batch, so sampled and full runs share one code path.
@@ -29,8 +32,60 @@ def shallow_groups(num_groups: int, num_layers: int, source=None) -> int:
     return min(num_groups, max(1, math.ceil(2 * num_groups / num_layers)))
 
 
+def group_locality(source, num_groups: int) -> np.ndarray | None:
+    """Per-group step-to-step overlap the selection source was built for (synthetic generator), else None."""
+    plan = getattr(source, "plan", None)
+    if plan is None:
+        return None
+    try:
+        return np.array([float(plan(g).target_overlap) for g in range(num_groups)])
+    except Exception:  # a source without per-group targets (captured selections)
+        return None
+
+
+def _sse(v: np.ndarray, w: np.ndarray) -> float:
+    mean = float((v * w).sum() / w.sum())
+    return float((w * (v - mean) ** 2).sum())
+
+
+def stratify(value: np.ndarray, layers: np.ndarray, want: int) -> tuple[list[int], np.ndarray]:
+    """Stratified sample of groups by a per-group value (hit ratio, locality): groups sorted by value are split into
+    `want` bands by greedy divisive 1-D clustering (each split most reduces the layer-weighted squared error), and
+    each band is represented by the member closest to its weighted mean. Returns (picked, representative per group).
+    """
+    n = value.size
+    if want <= 0 or want >= n:
+        return list(range(n)), np.arange(n)
+    order = np.argsort(value, kind="stable")
+    v, w = value[order].astype(float), layers[order].astype(float)
+    bands = [(0, n)]
+    while len(bands) < want:
+        best = None
+        for bi, (lo, hi) in enumerate(bands):
+            if hi - lo < 2:
+                continue
+            whole = _sse(v[lo:hi], w[lo:hi])
+            for cut in range(lo + 1, hi):
+                gain = whole - _sse(v[lo:cut], w[lo:cut]) - _sse(v[cut:hi], w[cut:hi])
+                if best is None or gain > best[0]:
+                    best = (gain, bi, cut)
+        if best is None:
+            break
+        _, bi, cut = best
+        lo, hi = bands.pop(bi)
+        bands[bi:bi] = [(lo, cut), (cut, hi)]
+    rep = np.empty(n, dtype=np.int64)
+    picked = []
+    for lo, hi in bands:
+        mean = (v[lo:hi] * w[lo:hi]).sum() / w[lo:hi].sum()
+        pick = int(order[lo + int(np.argmin(np.abs(v[lo:hi] - mean)))])
+        rep[order[lo:hi]] = pick
+        picked.append(pick)
+    return sorted(picked), rep
+
+
 def sampled_groups(num_groups: int, want: int, shallow: int) -> list[int]:
-    """Groups the policy simulates: all (want=0 or >= num_groups), else the shallow ones + evenly spaced deep ones."""
+    """Without per-group locality: all groups (want=0 or >= num_groups), else the shallow ones + band centres."""
     if want <= 0 or want >= num_groups:
         return list(range(num_groups))
     n_shallow = min(shallow, want - 1)
@@ -105,9 +160,22 @@ class PolicyRunner:
         self.cfg, self.system, self.source = cfg, system, source
         model = cfg.model
         self.num_groups = model.num_index_groups
-        shallow = shallow_groups(self.num_groups, model.num_layers, source)
-        self.groups = sampled_groups(self.num_groups, cfg.fidelity["policy_groups"], shallow)
-        self.group_of = group_map(self.num_groups, self.groups, shallow)
+        self.want = cfg.fidelity["policy_groups"]
+        self.layers = np.asarray(model.group_sizes())
+        self.pilot_left = 0
+        if self.want <= 0 or self.want >= self.num_groups:
+            self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
+        elif cfg.fidelity["pilot_steps"] > 0:  # all groups first; stratify on what they measured
+            self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
+            self.pilot_left = cfg.fidelity["pilot_steps"]
+        else:
+            locality = group_locality(source, self.num_groups)
+            if locality is not None:
+                self.groups, self.group_of = stratify(locality, self.layers, self.want)
+            else:
+                shallow = shallow_groups(self.num_groups, model.num_layers, source)
+                self.groups = sampled_groups(self.num_groups, self.want, shallow)
+                self.group_of = group_map(self.num_groups, self.groups, shallow)
         self.k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
         self.stride = cfg.fidelity["step_stride"]
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
@@ -116,6 +184,7 @@ class PolicyRunner:
         self.sampled_per_space: dict[int, int] = {}
         self.space_of: dict[int, int] = {}
         self.last: dict[int, dict] = {}  # group -> last ratios
+        self.group_totals: dict[int, np.ndarray] = {}  # group -> (hits, unique, refs) simulated so far
         self.policy_calls = 0
         self.capacity_splits = 0
         self.buffer_peak_rows = 0.0
@@ -199,12 +268,32 @@ class PolicyRunner:
             if prompt is not None:
                 totals["d2h"] = np.maximum(totals["d2h"] - np.resize(prompt.astype(float), num_ranks), 0.0)
             out[g] = self._ratios(totals, ref_rank)
+            acc = self.group_totals.setdefault(g, np.zeros(3))
+            acc += (totals["hits"], totals["unique"], totals["refs"])
             self.policy_calls += 1
             stats_buffer = totals.get("buffer_rows")
             if stats_buffer is not None:
                 self.buffer_peak_rows = max(self.buffer_peak_rows, stats_buffer * self.k)
         self.last = out
-        return out
+        if self.pilot_left:
+            self.pilot_left -= 1
+            if self.pilot_left == self.cfg.fidelity["pilot_steps"] // 2:  # measure on the warm second half
+                self.pilot_base = {g: v.copy() for g, v in self.group_totals.items()}
+            if not self.pilot_left:
+                self._end_pilot()
+        return self.last
+
+    def _end_pilot(self):
+        """Stratify groups on their measured hit ratio; keep simulating only the representatives."""
+        base = getattr(self, "pilot_base", {})
+        diff = {g: self.group_totals[g] - base.get(g, 0.0) for g in range(self.num_groups)}
+        hit = np.array([diff[g][0] / max(diff[g][1], 1.0) for g in range(self.num_groups)])
+        self.groups, self.group_of = stratify(hit, self.layers, self.want)
+        for g in list(self.caches):
+            if g not in self.groups:
+                del self.caches[g], self.tables[g]
+                self.group_totals.pop(g, None)
+        self.last = {g: self.last[g] for g in self.groups}
 
     def _access(self, cache, addrs: np.ndarray, num_ranks: int) -> dict:
         from ulacache import CapacityError

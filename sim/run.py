@@ -58,8 +58,9 @@ def check_requests(requests) -> None:
 def cache_factory(cfg: SimConfig, system, max_request_tokens: int):
     """make_cache(group, k) -> a library cache sized for 1/k of the requests (k = request sampling stride).
 
-    Sampled pools get slack when k > 1: one request's working set on the GPU and two whole requests in the logical
-    (CPU) tier, so an uneven sample never fails an allocation the full system would have made."""
+    Sampled pools get slack when k > 1: two whole requests in the logical (CPU) tier, so an uneven sample never fails
+    an allocation the full system would have made; GPU pools are scaled exactly (slack there would inflate hit
+    rates); a sampled batch whose working set overflows is served in halves (counted in policy_batch_splits)."""
     from ulacache import CacheConfig, UlaCache
 
     cap = system.capacity
@@ -81,7 +82,7 @@ def cache_factory(cfg: SimConfig, system, max_request_tokens: int):
         else:
             mode = "tp" if system.tp else "dp"
             ranks = cfg.num_gpus
-            gpu_slack = ws / m + (0 if cfg.cpu_storage else 2 * max_request_tokens / m)
+            gpu_slack = 0 if cfg.cpu_storage else 2 * max_request_tokens / m  # GPU slack would raise hit rates
             gpu = max(scaled(cap.gpu_pool_slots, k, gpu_slack), 64)
             cpu = scaled(cap.cpu_pool_slots, k, 2 * max_request_tokens / m) if cfg.cpu_storage else 0
             local = scaled(cap.local_buffer_slots, k, ws) if system.tp else 0
