@@ -77,6 +77,7 @@ def timed_sweep(config: Path, items: list[str], sets: list[str], workers: int, p
             "points_per_min": round(60 * n / wall, 2),
             "points_per_min_incl_ray_start": round(60 * n / (wall + ray_start_s), 2),
             "mean_point_wall_s": round(float(df["point_wall_s"].mean()), 4),
+            "mean_point_cpu_s": round(float(df["point_cpu_s"].mean()), 4),
             "errors": sorted(set(df.loc[df["status"] != "ok", "error"]))[:3]}
 
 

@@ -172,18 +172,18 @@ def _one_line(exc: BaseException) -> str:
 
 def run_point(replay_fn: ReplayFn, config: dict, point_dir: str) -> dict:
     """Run one point; any exception becomes a status=error row (SystemExit/KeyboardInterrupt propagate)."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     path = Path(point_dir)
     path.mkdir(parents=True, exist_ok=True)
     try:
         metrics = replay_fn(config, path)
         if not isinstance(metrics, dict):
             raise TypeError(f"replay returned {type(metrics).__name__}, expected a metrics dict")
-        return {"status": "ok", "error": "", "metrics": _plain(metrics),
-                "point_wall_s": time.perf_counter() - start}
+        outcome = {"status": "ok", "error": "", "metrics": _plain(metrics)}
     except Exception as exc:  # noqa: BLE001 - failure isolation is the point
-        return {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {},
-                "point_wall_s": time.perf_counter() - start}
+        outcome = {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {}}
+    outcome.update(point_wall_s=time.perf_counter() - start, point_cpu_s=time.process_time() - cpu)
+    return outcome
 
 
 # ----------------------------------------------------------------------------------------------- results table
@@ -224,6 +224,7 @@ class ResultsTable:
         for key, value in outcome.get("metrics", {}).items():
             row.setdefault(key, _scalar(value))
         row["point_wall_s"] = outcome.get("point_wall_s")
+        row["point_cpu_s"] = outcome.get("point_cpu_s")
         row["point_dir"] = f"{POINTS_DIR}/{point.point_id}"
         for key, value in flatten(point.config).items():
             row.setdefault(key, value)

@@ -105,7 +105,8 @@ def test_point_id_stable_and_order_free():
 def test_results_table_schema(base, tmp_path):
     df = sweep(base, tmp_path / "s", ["system=sglang,ulacache", "workload.max_concurrency=1,4"])
     assert list(df.columns[:5]) == ["point_id", "status", "error", "system", "workload.max_concurrency"]
-    assert {"decode_throughput_tok_s", "tpot_ms_p50", "sizes", "point_dir", "policy"} <= set(df.columns)
+    assert {"decode_throughput_tok_s", "tpot_ms_p50", "sizes", "point_dir", "policy", "point_wall_s",
+            "point_cpu_s"} <= set(df.columns)
     assert (df["status"] == "ok").all() and len(df) == 4 and df["point_id"].is_unique
     pq = pd.read_parquet(tmp_path / "s" / "results.parquet")
     csv = pd.read_csv(tmp_path / "s" / "results.csv")
