@@ -67,8 +67,13 @@ def inspect_trace(path, num_requests: int = 16, num_steps: int = 8, num_query_to
     """Everything `trace inspect` prints, as a dict."""
     tr = open_trace(path)
     sel = tr.selections
-    stats = selection_stats(sel, tr.requests, num_requests=num_requests, num_steps=num_steps,
-                            num_query_tokens=num_query_tokens, tokens_per_step=tokens_per_step, seed=seed)
+    try:
+        stats = selection_stats(sel, tr.requests, num_requests=num_requests, num_steps=num_steps,
+                                num_query_tokens=num_query_tokens, tokens_per_step=tokens_per_step, seed=seed)
+    except TraceError as exc:
+        if sel.kind != "captured" or "consecutive steps" not in str(exc):
+            raise
+        stats = None  # a capture without two consecutive steps: nothing to measure
     files = tr.bytes_on_disk()
     b = {"files": files, "total": int(sum(files.values()))}
     if sel.kind == "captured":
