@@ -110,3 +110,16 @@ def test_bad_arguments_raise_trace_errors():
     with pytest.raises(TraceError, match="drift_steps"):
         SelectionSpec.from_dict({"drift_steps": 100})
     assert isinstance(TraceError("x"), ValueError)
+
+
+def test_chunked_threaded_batches_match_small_batches():
+    rng = np.random.default_rng(11)
+    n = 150  # 150 x 4 x 2048 outputs: several chunks, mixed strata domains, two threads
+    rid = rng.integers(0, 10**9, n)
+    hist = np.concatenate([rng.integers(60_000, 140_000, n - 10), rng.integers(2049, 9000, 10)])
+    step = rng.integers(0, 4000, n)
+    src = SyntheticSelections(SelectionSpec(num_groups=21), seed=8, num_threads=2)
+    for g in (1, 12):
+        big = src.select(rid, hist, step, g, 4)
+        small = np.concatenate([src.select(rid[i:i + 7], hist[i:i + 7], step[i:i + 7], g, 4) for i in range(0, n, 7)])
+        assert np.array_equal(big, small)

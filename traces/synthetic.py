@@ -280,9 +280,12 @@ class SyntheticSelections:
         """Split the stratified rows into single-domain, cache-sized chunks and run them (threads if > 1)."""
         hm = hist[main] - plan.num_sink - plan.num_recent
         dom = _domains(hm, plan.num_strata)
+        rows_per_chunk = max(1, _CHUNK_ELEMS // (q * self.top_k))
+        if main.size == rid.size and main.size <= rows_per_chunk and dom.min() == dom.max():
+            self._select_main(plan, rid, hist, step, q, int(dom[0]), out)  # small batch: no chunking
+            return
         order = np.argsort(dom, kind="stable")
         main, dom = main[order], dom[order]
-        rows_per_chunk = max(1, _CHUNK_ELEMS // (q * self.top_k))
         cut = np.flatnonzero(np.diff(dom)) + 1
         chunks = []
         for seg_rows, seg_dom in zip(np.split(main, cut), np.split(dom, cut)):
@@ -360,7 +363,7 @@ class SyntheticSelections:
         stepkey = mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[:, None]
         shift_t = np.uint32(int(sp.drift_steps).bit_length() - 1)
         thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
-        qkeys = mix32(np.arange(q, dtype=np.uint32) * np.uint32(0x27D4EB2F) ^ np.uint32(0x0A11))
+        qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
         u16 = np.uint32(16)
         col = s
         with np.errstate(over="ignore"):
@@ -469,6 +472,15 @@ def _domains(hm: np.ndarray, kp: int) -> np.ndarray:
     x = (hm.astype(np.int64) * (2 * kp)) // (kp + 4)
     dom = np.left_shift(np.int64(1), np.floor(np.log2(x.astype(np.float64))).astype(np.int64))
     return np.where(dom * 2 <= x, dom * 2, np.where(dom > x, dom // 2, dom))  # guard float rounding
+
+
+def _qkeys(q: int) -> np.ndarray:
+    """Per query-token keys (query 0's key is only used where a token diverges, never for token 0 itself)."""
+    with np.errstate(over="ignore"):
+        return mix32(np.arange(q, dtype=np.uint32) * np.uint32(0x27D4EB2F) ^ np.uint32(0x0A11))
+
+
+_QKEYS = _qkeys(16)
 
 
 def _floor_pow2(x: np.ndarray) -> np.ndarray:
