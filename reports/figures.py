@@ -209,6 +209,35 @@ def batch1_tpot(df, res, out_dir):
                   "Median time per output token with one request running (concurrency cap 1)." + _pins(notes))
 
 
+# ---------------------------------------------------------------------------------------------- 4b. bytes/token
+def transfer_bytes(df, res, out_dir):
+    need(df, ["pcie_bytes_per_token", "nvlink_bytes_per_token"], "link traffic metrics")
+    sub, notes = pin(df, keep=(X, "system", "cpu_storage", "attention", "hardware.preset", "spec.draft_tokens",
+                               "model.preset"), prefer={"policy": "pb-lru"})
+    groups = facets(sub)
+    fig, axes = _grid(len(groups), w=5.4, h=3.9)
+    for ax, (title, g) in zip(axes, groups):
+        top = g[X].max() if X in g.columns else None
+        labels = series_order(g["variant"])
+        rows = [g[(g["variant"] == lab) & ((g[X] == g[g["variant"] == lab][X].max()) if top is not None else True)]
+                for lab in labels]
+        pcie = [r["pcie_bytes_per_token"].mean() / 1e6 for r in rows]
+        nvl = [r["nvlink_bytes_per_token"].mean() / 1e6 for r in rows]
+        xs = list(range(len(labels)))
+        ax.bar([x - 0.2 for x in xs], pcie, width=0.4, label="PCIe (host <-> GPU)", color="#d62728")
+        ax.bar([x + 0.2 for x in xs], nvl, width=0.4, label="NVLink (peer KV fetches + indexer all-gather)", color="#17becf")
+        ax.set_xticks(xs, labels, fontsize=8, rotation=15)
+        ax.set_xlabel("system (at its largest concurrency cap)")
+        ax.set_ylabel("MB moved per decoded token")
+        ax.set_title(title or "all runs", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("Link traffic per decoded token")
+    png = _save(fig, out_dir, "transfer_bytes.png")
+    return Figure("bytes", "PCIe and NVLink bytes per token", png,
+                  "Bytes moved over each GPU's host link and NVLink per decoded token (all GPUs), at each system's "
+                  "largest concurrency cap." + _pins(notes))
+
+
 # ---------------------------------------------------------------------------------------------- 5. pb-lru vs lru
 def policy_hit_rate(df, res, out_dir):
     need(df, ["gpu_hit_rate", "policy"], "GPU hit rates")
@@ -422,5 +451,5 @@ def plans(df, res, out_dir):
     return out
 
 
-ALL = (throughput_vs_concurrency, peak_speedups, capacity, batch1_tpot, policy_hit_rate, miss_ratio_curve,
-       sim_vs_hw, plans)
+ALL = (throughput_vs_concurrency, peak_speedups, capacity, batch1_tpot, transfer_bytes, policy_hit_rate,
+       miss_ratio_curve, sim_vs_hw, plans)

@@ -14,6 +14,7 @@ from reports.frame import Skip, prepare
 TITLES = {"throughput_vs_concurrency": "Decode throughput vs concurrency",
           "peak_speedups": "Peak-throughput speedups over HiSparse",
           "capacity": "Effective KV capacity and admitted concurrency", "batch1_tpot": "Batch-1 TPOT per system",
+          "transfer_bytes": "PCIe and NVLink bytes per token",
           "policy_hit_rate": "GPU hit rate of pb-lru vs exact lru",
           "miss_ratio_curve": "Miss-ratio curve over GPU pool size", "sim_vs_hw": "Simulator vs hardware",
           "plans": "Capacity plans"}

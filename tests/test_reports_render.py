@@ -108,7 +108,7 @@ def test_every_figure_rendered(full_report):
     page = index.read_text()
     assert index == root / "report" / "index.html"
     for png in ("throughput_vs_concurrency.png", "peak_speedups.png", "capacity.png", "batch1_tpot.png",
-                "policy_hit_rate.png", "miss_ratio_curve.png", "sim_vs_hw.png", "plan_0.png"):
+                "transfer_bytes.png", "policy_hit_rate.png", "miss_ratio_curve.png", "sim_vs_hw.png", "plan_0.png"):
         assert (index.parent / png).stat().st_size > 10_000, png
         assert f'src="{png}"' in page
     assert "Skipped" not in page
