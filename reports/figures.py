@@ -230,7 +230,9 @@ def transfer_bytes(df, res, out_dir):
         ax.set_xlabel("system (at its largest concurrency cap)")
         ax.set_ylabel("MB moved per decoded token")
         ax.set_title(title or "all runs", fontsize=10)
-        ax.legend(fontsize=8)
+        top_mb = max([v for v in pcie + nvl if v == v] + [0.0])
+        ax.set_ylim(0, top_mb * 1.45 if top_mb > 0 else 1.0)
+        ax.legend(fontsize=8, loc="upper center")
     fig.suptitle("Link traffic per decoded token")
     png = _save(fig, out_dir, "transfer_bytes.png")
     return Figure("bytes", "PCIe and NVLink bytes per token", png,
