@@ -412,3 +412,40 @@ class _Progress:
         if self._progress is not None:
             self._progress.__exit__(*exc)
         return False
+
+
+# ----------------------------------------------------------------------------------------------- demo
+# The default small comparison for `make demo` (with configs/demo.yaml): together these feed every report figure
+# except sim-vs-hw (needs hw validate results) and plans. ~1.5 min wall with 2 workers on the 2-core dev box.
+DEMO_SWEEPS = {
+    "compare": (["system=sglang,hisparse,ulacache", "workload.max_concurrency=1,4,16"],
+                ["workload.num_requests=16"]),
+    "policy": (["system=ulacache", "policy=pb-lru,lru", "ulacache.gpu_pool_slots=4096,8192,12288"],
+               ["workload.num_requests=8", "workload.max_concurrency=8"]),
+}
+
+
+def run_demo_sweeps(config_path, out_dir, workers: int = 2, resume: bool = False, progress: bool = True,
+                    sweeps: dict = DEMO_SWEEPS) -> dict:
+    """Run each named sweep into OUT/<name> (one local Ray shared by all when workers > 1); returns
+    {name: results DataFrame}. `reports.build_report(OUT)` then draws them together."""
+    out_dir = Path(out_dir)
+    started = False
+    if workers > 1:
+        import logging
+
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
+                     log_to_driver=False)
+            started = True
+    try:
+        return {name: run_sweep(config_path, parse_grid(grid), out_dir / name, sets=sets, workers=workers,
+                                resume=resume, progress=progress)
+                for name, (grid, sets) in sweeps.items()}
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()

@@ -132,3 +132,14 @@ def test_sigkill_mid_sweep_then_resume(fast_config, tmp_path):
     merged = before.merge(after, on="point_id", suffixes=("_b", "_a"))
     assert len(merged) == len(before)
     assert (merged["decode_throughput_tok_s_b"] == merged["decode_throughput_tok_s_a"]).all()
+
+
+def test_run_demo_sweeps_layout(fast_config, tmp_path):
+    from sim.sweep import DEMO_SWEEPS, run_demo_sweeps
+
+    assert set(DEMO_SWEEPS) == {"compare", "policy"}
+    tiny = {"a": (["system=sglang", "workload.max_concurrency=1,2"], []),
+            "b": (["system=sglang"], ["workload.max_concurrency=2", "workload.num_requests=2"])}
+    out = run_demo_sweeps(fast_config, tmp_path, workers=1, progress=False, sweeps=tiny)
+    assert [len(out["a"]), len(out["b"])] == [2, 1]
+    assert (tmp_path / "a" / "results.parquet").exists() and (tmp_path / "b" / "results.csv").exists()
