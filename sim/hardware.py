@@ -100,7 +100,9 @@ class Link:
             return  # superseded by an earlier wake-up
         self._wake_at = None
         self._advance()
-        eps = 1e-3  # bytes
+        # done when what is left would take less than the clock's resolution (float time grows with the run)
+        n = len(self._active)
+        eps = max(1e-3, self.bw * max(1e-12, abs(self.env.now) * 1e-12) / max(n, 1))
         finished = [k for k, e in self._active.items() if e[0] <= eps]
         for key in finished:
             entry = self._active.pop(key)
