@@ -76,6 +76,7 @@ class Engine:
         cap = system.capacity
         self.used_tokens = np.zeros(cap.num_spaces)
         self.running_per_space = np.zeros(cap.num_spaces, np.int64)
+        self.reserved = np.zeros(cap.num_spaces)  # working-set / device-buffer slots reserved per space
         self.env = make_env()
         self.recorder = recorder
         self.node = Node(self.env, cfg.num_gpus, costs, recorder)
@@ -91,18 +92,24 @@ class Engine:
     def _need(self, i: int) -> float:
         return float(self.inp[i] + self.out[i] + self.q)
 
+    def _reserve(self, i: int) -> float:
+        """Slots request i reserves in the GPU pool / buffers (UlaCache: never more than its whole history)."""
+        r = float(self.system.capacity.reserve_slots_per_request)
+        return min(r, self._need(i)) if self.system.reserve_capped_by_history else r
+
     def _fits_empty(self, i: int) -> bool:
         cap = self.system.capacity
-        r = cap.reserve_slots_per_request
+        r = self._reserve(i)
         return (self._need(i) <= cap.logical_tokens_per_space and r <= cap.reserve_capacity_per_space
                 and r <= cap.buffer_reserve_capacity_per_space and cap.max_requests_per_space >= 1)
 
     def _space_for(self, i: int) -> int | None:
         cap = self.system.capacity
-        need, r = self._need(i), cap.reserve_slots_per_request
+        need, r = self._need(i), self._reserve(i)
         n1 = self.running_per_space + 1
+        res = self.reserved + r
         ok = ((self.used_tokens + need <= cap.logical_tokens_per_space * (1 + 1e-12))
-              & (n1 * r <= cap.reserve_capacity_per_space) & (n1 * r <= cap.buffer_reserve_capacity_per_space)
+              & (res <= cap.reserve_capacity_per_space) & (res <= cap.buffer_reserve_capacity_per_space)
               & (n1 <= cap.max_requests_per_space))
         if not ok.any():
             return None
@@ -121,6 +128,7 @@ class Engine:
             self.space[i] = s
             self.used_tokens[s] += self._need(i)
             self.running_per_space[s] += 1
+            self.reserved[s] += self._reserve(i)
             self.admit_s[i] = self.env.now
             running.append(i)
             if self.runner is not None:
@@ -131,6 +139,7 @@ class Engine:
         s = self.space[i]
         self.used_tokens[s] -= self._need(i)
         self.running_per_space[s] -= 1
+        self.reserved[s] -= self._reserve(i)
         if self.runner is not None:
             self.runner.release(int(self.rid[i]))
 

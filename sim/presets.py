@@ -120,6 +120,11 @@ def _build(cls, presets: dict, preset: str, overrides: dict, what: str):
         if key not in fields or key == "name":
             raise ValueError(f"unknown key {what}.{key}; known: {sorted(k for k in fields if k != 'name')}")
         old = getattr(base, key)
+        if isinstance(value, str):  # YAML 1.1 reads 2e12 (no dot, no exponent sign) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(old, bool) or not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ValueError(f"{what}.{key} must be a number, got {value!r}")
         if isinstance(old, int) and not isinstance(old, bool):

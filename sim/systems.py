@@ -71,6 +71,7 @@ class System:
 
     name = ""
     uses_policy = False
+    reserve_capped_by_history = False  # a request never reserves more working-set slots than its history
 
     def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float):
         self.cfg, self.budget = cfg, budget
@@ -164,20 +165,22 @@ class UlaCacheSystem(System):
 
     name = "ulacache"
     uses_policy = True
+    reserve_capped_by_history = True  # a shared pool: a short request's working set is at most its history
 
     def size(self) -> Capacity:
         cfg, kv, ix = self.cfg, self.kv_tok, self.ix_tok
         spaces, m = self.spaces()
         u = cfg.ulacache
         ws = u["ws_reserve_slots"] or self.q * cfg.model.top_k
+        ws_mean = min(ws, self.mean_tokens)  # what an average request reserves
         bg = self.budget.gpu_kv_bytes_per_gpu
         host_slots = self.budget.cpu_kv_bytes_per_gpu / kv if cfg.cpu_storage else 0.0
         h = self.mean_tokens
         tp_buffer = m > 1
 
         def gpu_bytes(n: float) -> float:  # minimum GPU bytes per rank for n average requests in a space
-            buf = n * ws if tp_buffer else 0.0
-            g_min = n * ws / m
+            buf = n * ws_mean if tp_buffer else 0.0
+            g_min = n * ws_mean / m
             logical = n * h / m
             g = max(g_min, logical - host_slots)
             return (g + buf) * kv + logical * ix + max(0.0, g - logical) * ix
@@ -191,7 +194,7 @@ class UlaCacheSystem(System):
         n_fit = lo
         n_cap = math.ceil(cfg.workload["max_concurrency"] / spaces)
         n_t = max(1.0, min(n_fit, n_cap))
-        buf = u["local_buffer_slots"] if u["local_buffer_slots"] is not None else (n_t * ws if tp_buffer else 0)
+        buf = u["local_buffer_slots"] if u["local_buffer_slots"] is not None else (n_t * ws_mean if tp_buffer else 0)
         if u["gpu_pool_slots"] is not None:
             g = float(u["gpu_pool_slots"])
             c = min(host_slots, max(0.0, (bg - (g + buf) * kv - g * ix) / ix)) if cfg.cpu_storage else 0.0
@@ -203,7 +206,7 @@ class UlaCacheSystem(System):
             if g >= target:  # everything fits on the GPU: no CPU tier needed, the rest is GPU pool
                 g, c = (bg - buf * kv) / (kv + ix), 0.0
             else:
-                g = max(g, n_t * ws / m)
+                g = max(g, n_t * ws_mean / m)
                 c = max(0.0, min(host_slots, (bg - (g + buf) * kv - g * ix) / ix))
         if (g + buf) * kv + (g + c) * ix > bg * (1 + 1e-9) or g <= 0:
             raise ValueError(f"ulacache pools do not fit the GPU KV budget ({bg / 1e9:.1f} GB per GPU): gpu pool "

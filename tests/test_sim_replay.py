@@ -81,18 +81,24 @@ def test_presets_run(profile, hw, model):
     assert m["completed_requests"] == 4 and m["model"] == model and m["hardware"] == hw
 
 
-def test_admitted_concurrency_orders_as_capacity_at_matched_budgets(profile):
+@pytest.mark.parametrize("attention", ["dp", "tp"])
+def test_admitted_concurrency_orders_as_capacity_at_matched_budgets(attention):
+    """Histories well above HiSparse's 4096-slot buffer (8K-16K prompts), budgets scaled down as in the demo."""
     got = {}
     for system in ("sglang", "hisparse", "ulacache"):
-        m = sim.replay(_config(profile, system=system, workload__num_requests=24, spec__draft_tokens=2,
-                               memory__gpu_kv_bytes_per_gpu=0.8e9))
-        got[system] = m
+        cfg = {"system": system, "attention": attention, "spec": {"draft_tokens": 2},
+               "workload": {"profile": "small", "num_requests": 64, "max_concurrency": 64, "max_steps": 2},
+               "memory": {"gpu_kv_bytes_per_gpu": 2.5e9, "cpu_kv_bytes_per_gpu": 10e9},
+               "fidelity": {"policy_groups": 2, "pilot_steps": 0}}
+        got[system] = sim.replay(cfg)
     conc = {s: got[s]["max_admitted_concurrency"] for s in got}
     assert conc["ulacache"] >= conc["hisparse"] >= conc["sglang"] >= 1, conc
     assert conc["ulacache"] > conc["sglang"], conc
+    assert len({got[s]["cap_gpu_kv_budget_bytes_per_gpu"] for s in got}) == 1  # matched budgets
     # TP replication: sglang's physical slots are num_gpus x its unique history; ulacache keeps history once
     s, u = got["sglang"], got["ulacache"]
-    assert s["physical_kv_slots"] == pytest.approx(2 * s["unique_history_positions"])
+    copies = 8 if attention == "tp" else 1
+    assert s["physical_kv_slots"] == pytest.approx(copies * s["unique_history_positions"])
     assert u["cap_unique_slots"] == u["unique_history_positions"]
     assert u["physical_kv_slots"] == pytest.approx(u["cap_unique_slots"] + u["cap_buffer_slots"])
 
