@@ -185,6 +185,13 @@ class PolicyRunner:
         self.space_of: dict[int, int] = {}
         self.last: dict[int, dict] = {}  # group -> last ratios
         self.group_totals: dict[int, np.ndarray] = {}  # group -> (hits, unique, refs) simulated so far
+        # HiSparse's per-request buffer holds device_buffer_slots distinct entries: with speculative decoding the
+        # verify tokens' union can exceed it, so their swap-ins are done in chunks of queries that fit (the extra
+        # "draft-zone" work SGLang needed); other policies take all verify tokens in one access batch.
+        q = cfg.query_tokens
+        buf = system.capacity.device_buffer_slots
+        fits = max(1, buf // cfg.model.top_k) if system.name == "hisparse" else q
+        self.query_chunk = min(q, fits)
         self.policy_calls = 0
         self.capacity_splits = 0
         self.buffer_peak_rows = 0.0
@@ -263,7 +270,10 @@ class PolicyRunner:
         for g in self.groups:
             sel = self.source.select(np.asarray(sids, dtype=np.int64), s_hist, s_steps, g, q)
             addrs = self.tables[g].lookup(sids, sel)
-            totals = self._access(self.caches[g], addrs, num_ranks)
+            totals = None
+            for lo in range(0, q, self.query_chunk):  # HiSparse: verify tokens in chunks its buffer can hold
+                part = self._access(self.caches[g], addrs[:, lo:lo + self.query_chunk], num_ranks)
+                totals = part if totals is None else {k: totals[k] + part[k] for k in part}
             prompt = self.prompt_cpu_rows.pop(g, None)
             if prompt is not None:
                 totals["d2h"] = np.maximum(totals["d2h"] - np.resize(prompt.astype(float), num_ranks), 0.0)
@@ -271,9 +281,6 @@ class PolicyRunner:
             acc = self.group_totals.setdefault(g, np.zeros(3))
             acc += (totals["hits"], totals["unique"], totals["refs"])
             self.policy_calls += 1
-            stats_buffer = totals.get("buffer_rows")
-            if stats_buffer is not None:
-                self.buffer_peak_rows = max(self.buffer_peak_rows, stats_buffer * self.k)
         self.last = out
         if self.pilot_left:
             self.pilot_left -= 1
@@ -307,7 +314,7 @@ class PolicyRunner:
             half = addrs.shape[0] // 2
             a = self._access(cache, addrs[:half], num_ranks)
             b = self._access(cache, addrs[half:], num_ranks)
-            return {k: a[k] + b[k] for k in a if k != "buffer_rows"} | {"buffer_rows": b.get("buffer_rows")}
+            return {k: a[k] + b[k] for k in a}
         cache.commit(plan)
         n = lambda x: np.asarray(x, dtype=float).reshape(-1)  # noqa: E731
         per_rank = lambda arr: (n(arr) if n(arr).size == num_ranks else np.resize(n(arr), num_ranks))  # noqa: E731
