@@ -1,19 +1,23 @@
 """`ulacache demo`: the main job on the embedded default, end to end.
 
 1. generate a small Multi-LexSum-shaped trace (`ulacache trace gen`) and print its statistics (`trace inspect`);
-2. replay SGLang (GPU-resident), HiSparse (fixed per-request quota) and UlaCache on it over a grid of concurrency
-   caps, plus UlaCache with exact LRU, as one resumable sweep (`ulacache sweep`, local Ray workers);
-3. write the comparison report (`ulacache report`) and print where it is.
-Each step is the same sub-command a user would type, so the demo exercises exactly what the README documents.
+2. replay SGLang (GPU-resident), HiSparse (fixed per-request quota) and UlaCache on it over concurrency caps, and
+   UlaCache's PB-LRU against exact LRU over GPU pool sizes: the resumable sweeps of `sim.sweep.DEMO_SWEEPS` on a
+   local Ray (`--workers 1` runs them in-process);
+3. search each system's peak throughput under a TPOT SLO (`ulacache plan`);
+4. write the comparison report (`ulacache report`), with the sim-vs-hardware figure drawn from the committed
+   H200 measurements of `ulacache hw validate` (hw/results/validate*.json), and print where it is.
+Steps 1, 3 and 4 run the very sub-commands a user types, so the demo exercises what the README documents.
 """
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
-SYSTEMS = "sglang,hisparse,ulacache"
-CONCURRENCY_CAPS = "1,4,12,24,48"
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = ROOT / "configs" / "demo.yaml"
+HW_RESULTS = ROOT / "hw" / "results"
 
 
 def register(subparsers) -> None:
@@ -23,16 +27,21 @@ def register(subparsers) -> None:
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="replay config (default: configs/demo.yaml)")
     p.add_argument("--num-requests", type=int, default=48, help="requests in the demo trace")
     p.add_argument("--workers", type=int, default=2, help="parallel replays (1 = in-process, no Ray)")
+    p.add_argument("--slo-tpot-ms", type=float, default=25.0, help="TPOT SLO of the plan step")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_demo)
 
 
-def _step(title: str, argv: list[str]) -> None:
+def _rule(title: str) -> None:
     from rich.console import Console
 
+    Console().rule(f"[bold]{title}")
+
+
+def _step(title: str, argv: list[str]) -> None:
     from ulacache_cli.main import main
 
-    Console().rule(f"[bold]{title}")
+    _rule(title)
     print("$ ulacache " + " ".join(argv), flush=True)
     status = main(argv)
     if status != 0:
@@ -42,20 +51,38 @@ def _step(title: str, argv: list[str]) -> None:
 def _demo(args: argparse.Namespace) -> int:
     if not args.config.is_file():
         raise FileNotFoundError(f"demo config not found: {args.config}")
-    if args.num_requests < 1 or args.workers < 1:
-        raise ValueError("--num-requests and --workers must be >= 1")
+    if args.num_requests < 16 or args.workers < 1:
+        raise ValueError("--num-requests must be >= 16 and --workers >= 1")
     out: Path = args.out
-    trace, sweep, report = out / "trace", out / "sweep", out / "report"
-    caps = ",".join(c for c in CONCURRENCY_CAPS.split(",") if int(c) <= args.num_requests)
-    _step("1/4 generate the trace", ["trace", "gen", "--profile", "small", "--num-requests", str(args.num_requests),
+    trace = out / "trace"
+    _step("1/5 generate the trace", ["trace", "gen", "--profile", "small", "--num-requests", str(args.num_requests),
                                      "--seed", str(args.seed), "--out", str(trace), "--force"])
-    _step("2/4 inspect the trace", ["trace", "inspect", str(trace)])
-    base = [str(args.config), "--set", f"workload.trace={trace}", "--set", f"workload.seed={args.seed}",
-            "--set", f"workload.num_requests={args.num_requests}", "--workers", str(args.workers)]
-    resume = ["--resume"] if (sweep / "sweep.yaml").exists() else []
-    _step("3/4 replay sglang, hisparse, ulacache (pb-lru and exact lru) over concurrency caps",
-          ["sweep", *base, "--grid", f"system={SYSTEMS}", "--grid", f"workload.max_concurrency={caps}",
-           "--grid", "policy=pb-lru,lru", "--out", str(sweep), *resume])
-    _step("4/4 write the report", ["report", str(out), "--out", str(report)])
-    print(f"\nreport: {(report / 'index.html').resolve()}")
+    _step("2/5 inspect the trace", ["trace", "inspect", str(trace)])
+
+    from sim.sweep import DEMO_SWEEPS, run_demo_sweeps
+
+    _rule("3/5 replay sglang / hisparse / ulacache over concurrency caps; pb-lru vs lru over GPU pool sizes")
+    on_trace = [f"workload.trace={trace}", f"workload.seed={args.seed}"]
+    sweeps = {name: (grid, [*sets, *on_trace]) for name, (grid, sets) in DEMO_SWEEPS.items()}
+    for name, (grid, sets) in sweeps.items():
+        print(f"sweep {name}: grid {' '.join(grid)}; set {' '.join(sets)}")
+    resume = all((out / name / "sweep.yaml").exists() for name in sweeps)
+    results = run_demo_sweeps(args.config, out, workers=args.workers, resume=resume, sweeps=sweeps)
+    failed = {name: int((df["status"] != "ok").sum()) for name, df in results.items()}
+    if any(failed.values()):
+        raise RuntimeError(f"demo sweep points failed: {failed} (see {out}/*/results.csv)")
+
+    _step("4/5 plan: peak decode throughput per system under the TPOT SLO",
+          ["plan", "--model", "glm-5.2", "--hardware", "h200", "--num-gpus", "8", "--gpu-kv-gb", "2.5",
+           "--cpu-kv-gb", "10", "--slo-tpot-ms", str(args.slo_tpot_ms), "--attention", "tp",
+           "--config", str(args.config), "--set", f"workload.trace={trace}", "--max-concurrency", "32",
+           "--requests-per-cap", "1", "--out", str(out / "plan")])
+
+    measured = sorted(HW_RESULTS.glob("validate*.json"))
+    if measured:  # real H200 measurements committed with their provenance; never synthesised here
+        (out / "hw").mkdir(parents=True, exist_ok=True)
+        for path in measured:
+            shutil.copy2(path, out / "hw" / path.name)
+    _step("5/5 write the report", ["report", str(out), "--out", str(out / "report")])
+    print(f"\nreport: {(out / 'report' / 'index.html').resolve()}")
     return 0
