@@ -56,8 +56,11 @@ SCHEMA: dict[str, Any] = {
         "local_buffer_slots": (None, "opt_int"),  # TP, per rank; None = sized by the capacity solver
     },
     "fidelity": {
-        "policy_groups": (0, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
-        "request_fraction": (1.0, "float"),  # share of requests whose selections run through the policy
+        "policy_groups": (2, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
+        # share of requests whose selections run through the policy; None = auto: 1/k with k = num_requests // 16
+        # clamped to [1, 16] (~16+ simulated requests; the paper configs' 1/16 at 256 requests), so a config of only
+        # the DESIGN §8 keys stays within minutes and a few GB. Set 1.0 for a full run.
+        "request_fraction": (None, "opt_float"),
         "step_stride": (1, "int"),  # run the policy every Nth step; steps between reuse the last ratios
         "pilot_steps": (8, "int"),  # policy steps on all groups before stratifying (0 = stratify up front)
     },
@@ -254,6 +257,8 @@ def build(tree: dict) -> SimConfig:
         probs = spec["accept_probs"]
         if len(probs) != q or min(probs) < 0 or abs(sum(probs) - 1) > 1e-6:
             raise ValueError(f"config key spec.accept_probs must be {q} probabilities summing to 1")
+    if fid["request_fraction"] is None:
+        fid = {**fid, "request_fraction": 1.0 / min(16, max(1, wl["num_requests"] // 16))}
     if not 0 < fid["request_fraction"] <= 1:
         raise ValueError("config key fidelity.request_fraction must be in (0, 1]")
     if fid["policy_groups"] < 0 or fid["policy_groups"] > model_spec.num_index_groups:
