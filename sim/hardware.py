@@ -100,10 +100,11 @@ class Link:
             return  # superseded by an earlier wake-up
         self._wake_at = None
         self._advance()
-        # done when what is left would take less than the clock's resolution (float time grows with the run)
+        # done when what is left is float noise of the transfer's own size, or would take less than the clock's
+        # resolution (float time grows with the run); an absolute byte floor would end small transfers early
         n = len(self._active)
-        eps = max(1e-3, self.bw * max(1e-12, abs(self.env.now) * 1e-12) / max(n, 1))
-        finished = [k for k, e in self._active.items() if e[0] <= eps]
+        clock_eps = self.bw * max(1e-12, abs(self.env.now) * 1e-12) / max(n, 1)
+        finished = [k for k, e in self._active.items() if e[0] <= max(e[4] * 1e-9, clock_eps)]
         for key in finished:
             entry = self._active.pop(key)
             if self.recorder is not None:

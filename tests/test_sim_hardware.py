@@ -1,6 +1,6 @@
 """The simpy node: processor-sharing links share bandwidth fairly; latency is not occupancy; barriers."""
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sim.hardware import Barrier, Link, events_scheduled, make_env
@@ -44,6 +44,7 @@ def test_late_joiner_slows_the_first():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(1.0, 500.0), st.floats(0.0, 5.0)), min_size=1, max_size=8))
+@example([(1.0, 0.0), (1.0, 1e-06)])  # a joiner's last 1e-4 B used to be dropped by an absolute byte floor
 def test_work_conserving(flows):
     """A PS link is never idle while work is pending: the last finish equals the fluid bound."""
     sizes = [s for s, _ in flows]
