@@ -1,5 +1,13 @@
-"""Shared test set-up: GPU tests skip cleanly where no CUDA device is present."""
+"""Shared test set-up: GPU tests skip cleanly where no CUDA device is present; hypothesis runs derandomized by
+default so CI is reproducible (HYPOTHESIS_PROFILE=explore draws fresh random examples)."""
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _has_gpu() -> bool:
