@@ -8,7 +8,6 @@ Readers load the index (tens of bytes a record) and decompress only the blocks t
 """
 from __future__ import annotations
 
-import json
 import zlib
 from collections import OrderedDict
 from pathlib import Path
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 
 from traces import varint
 from traces.errors import TraceError
+from traces.workload import iter_jsonl
 
 MAGIC = b"ULASEL\x00\x01"
 HEADER_BYTES = 16
@@ -455,36 +455,26 @@ def _convert_jsonl(path: Path, writer: SelectionWriter, batch: int) -> None:
         writer.add(arr[:, 0], arr[:, 1], arr[:, 2], hist, pos, str(path), names)
         buf.clear()
 
-    with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            text = raw.decode("utf-8", errors="replace").strip()
-            if not text:
-                continue
-            try:
-                r = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{path}: line {n}: not valid JSON ({exc.msg})") from None
-            if not isinstance(r, dict):
-                raise TraceError(f"{path}: line {n}: expected a JSON object")
-            g = r.get("group", r.get("layer"))
-            for key, val in (("request", r.get("request")), ("step", r.get("step")), ("group/layer", g)):
-                if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val < 1 << 62:
-                    raise TraceError(f"{path}: line {n}: '{key}' must be a non-negative integer, got {val!r}")
-            p = r.get("positions")
-            if not isinstance(p, list):
-                raise TraceError(f"{path}: line {n}: 'positions' must be a list")
-            rows = p if p and isinstance(p[0], list) else [p]
-            for row in rows:
-                if not isinstance(row, list) or not all(type(x) is int and -(1 << 62) < x < 1 << 62 for x in row):
-                    raise TraceError(f"{path}: line {n}: positions must be integers")
-            h = r.get("history_len", -1)
-            if type(h) is not int or h >= 1 << 62 or (h < 0 and "history_len" in r):
-                raise TraceError(f"{path}: line {n}: history_len must be a non-negative integer, got {h!r}")
-            if buf and len(rows) != len(buf[-1][5]):
-                flush()  # batches hold one query-token count
-            buf.append((n, r["request"], r["step"], g, h, rows))
-            if len(buf) >= batch:
-                flush()
+    for n, r in iter_jsonl(path):
+        g = r.get("group", r.get("layer"))
+        for key, val in (("request", r.get("request")), ("step", r.get("step")), ("group/layer", g)):
+            if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val < 1 << 62:
+                raise TraceError(f"{path}: line {n}: '{key}' must be a non-negative integer, got {val!r}")
+        p = r.get("positions")
+        if not isinstance(p, list):
+            raise TraceError(f"{path}: line {n}: 'positions' must be a list")
+        rows = p if p and isinstance(p[0], list) else [p]
+        for row in rows:
+            if not isinstance(row, list) or not all(type(x) is int and -(1 << 62) < x < 1 << 62 for x in row):
+                raise TraceError(f"{path}: line {n}: positions must be integers")
+        h = r.get("history_len", -1)
+        if type(h) is not int or h >= 1 << 62 or (h < 0 and "history_len" in r):
+            raise TraceError(f"{path}: line {n}: history_len must be a non-negative integer, got {h!r}")
+        if buf and len(rows) != len(buf[-1][5]):
+            flush()  # batches hold one query-token count
+        buf.append((n, r["request"], r["step"], g, h, rows))
+        if len(buf) >= batch:
+            flush()
     flush()
 
 

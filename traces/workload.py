@@ -248,8 +248,8 @@ def _int_field(v, path, line, key, lo) -> int:
     return int(f)
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    rows = []
+def iter_jsonl(path: Path):
+    """Stream (line number, object) from a JSONL file, skipping blank lines; a bad line is a one-line TraceError."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for n, text in enumerate(fh, 1):
             if not text.strip():
@@ -260,8 +260,11 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
                 raise TraceError(f"{path}: line {n}: not valid JSON ({exc.msg})") from None
             if not isinstance(r, dict):
                 raise TraceError(f"{path}: line {n}: expected a JSON object")
-            rows.append((n, r))
-    return rows
+            yield n, r
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    return list(iter_jsonl(path))
 
 
 def _read_csv(path: Path) -> list[tuple[int, dict]]:
