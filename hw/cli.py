@@ -1,4 +1,4 @@
-"""`ulacache hw bench|calibrate|validate`: the real-hardware validator's commands (cheap to import: work is in handlers)."""
+"""`ulacache hw bench|calibrate|hisparse|validate`: the real-hardware validator's commands (cheap to import: work is in handlers)."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +31,13 @@ def register(subparsers) -> None:
     c.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     c.set_defaults(func=_calibrate)
 
+    h = sub.add_parser("hisparse", help="HiSparse swap-in kernel: check vs numpy, time per batch -> JSON")
+    h.add_argument("--out", default="hw/results/hisparse_swapin.json", help="JSON file to write")
+    h.add_argument("--batches", default="", help="comma list of batch sizes (default 1,4,16,64,256)")
+    h.add_argument("--block", type=_positive_int, default=256, help="threads per block (one block per request)")
+    h.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    h.set_defaults(func=_hisparse)
+
     v = sub.add_parser("validate", help="replay a trace on the GPU and in the cost model; per-step error -> JSON")
     v.add_argument("trace", help="trace directory (requests.parquet + trace.yaml) or 'synthetic'")
     v.add_argument("--ranks", type=_positive_int, default=1, help="ranks, one GPU each")
@@ -60,6 +67,12 @@ def _calibrate(args) -> int:
     from hw import calibrate
 
     return calibrate.main(args)
+
+
+def _hisparse(args) -> int:
+    from hw import hisparse_bench
+
+    return hisparse_bench.main(args)
 
 
 def _validate(args) -> int:
