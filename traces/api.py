@@ -6,12 +6,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from traces.atomic import StagedDir
 from traces.captured import DATA_FILE, capture_from_source, convert_capture
 from traces.errors import TraceError
 from traces.stats import length_stats, selection_stats
 from traces.synthetic import MODEL_GROUPS, SelectionSpec, SyntheticSelections
-from traces.trace import open_trace, prepare_out_dir, write_meta, write_trace
-from traces.workload import generate_requests, import_requests, load_profile
+from traces.trace import check_out_dir, open_trace, write_meta, write_trace
+from traces.workload import MAX_REQUESTS, check_seed, generate_requests, import_requests, load_profile
 
 DEFAULT_MODEL = "glm-5.2"
 
@@ -20,7 +21,14 @@ def generate_trace(out, profile="multi-lexsum", num_requests: int | None = None,
                    model: str | None = None, num_groups: int | None = None, arrival: str | None = None,
                    rate_per_s: float | None = None, from_csv=None, capture_steps: int = 0,
                    capture_query_tokens: int = 1, overwrite: bool = False) -> Path:
-    """Generate a trace directory: requests from the profile (or imported), synthetic selections from its spec."""
+    """Generate a trace directory: requests from the profile (or imported), synthetic selections from its spec.
+
+    Written into a hidden sibling and renamed into place: a failure leaves `out` as it was."""
+    check_out_dir(out, overwrite)
+    check_seed(seed)
+    if num_requests is not None and not 1 <= num_requests <= MAX_REQUESTS:
+        raise TraceError(f"--num-requests must be in [1, {MAX_REQUESTS:,}] (a replay simulates every request), "
+                         f"got {num_requests:,}")
     prof = load_profile(profile)
     if num_groups is None:
         model = model or DEFAULT_MODEL
@@ -50,16 +58,17 @@ def generate_trace(out, profile="multi-lexsum", num_requests: int | None = None,
         "arrival": {"process": arrival or arr.process, "rate_per_s": float(rate_per_s or arr.rate_per_s)},
         "profile_spec": prof.to_dict(), "requests_generator": "lognormal-v1", "selections": synthetic,
     }
-    path = prepare_out_dir(out, overwrite)
-    write_trace(path, requests, meta)
-    if capture_steps > 0:
-        sel = capture_from_source(SyntheticSelections(spec, seed), requests, path, capture_steps,
-                                  capture_query_tokens)
-        sel["source"] = synthetic
-        doc = open_trace(path).meta
-        doc["selections"] = sel
-        write_meta(path, doc)
-    return path
+    with StagedDir(out) as stage:
+        path = stage.path
+        write_trace(path, requests, meta)
+        if capture_steps > 0:
+            sel = capture_from_source(SyntheticSelections(spec, seed), requests, path, capture_steps,
+                                      capture_query_tokens)
+            sel["source"] = synthetic
+            doc = open_trace(path).meta
+            doc["selections"] = sel
+            write_meta(path, doc)
+        return stage.publish()
 
 
 def inspect_trace(path, num_requests: int = 16, num_steps: int = 8, num_query_tokens: int = 4,
@@ -95,8 +104,15 @@ def inspect_trace(path, num_requests: int = 16, num_steps: int = 8, num_query_to
 
 
 def convert_to_trace(capture, out, requests_file=None, top_k: int | None = None, overwrite: bool = False) -> Path:
-    """Convert a capture (JSONL/NPZ) into a trace directory with compact captured selections."""
-    path = prepare_out_dir(out, overwrite)
+    """Convert a capture (JSONL/NPZ) into a trace directory with compact captured selections (staged like
+    `generate_trace`: a refused or failed convert leaves `out` as it was)."""
+    check_out_dir(out, overwrite)
+    with StagedDir(out) as stage:
+        _convert_into(stage.path, capture, requests_file, top_k)
+        return stage.publish()
+
+
+def _convert_into(path: Path, capture, requests_file, top_k: int | None) -> None:
     sel = convert_capture(capture, path)
     sel["source"] = str(capture)
     if top_k is not None:
@@ -123,4 +139,3 @@ def convert_to_trace(capture, out, requests_file=None, top_k: int | None = None,
     meta = {"profile": "captured", "seed": 0, "model": None, "num_groups": sel["num_groups"],
             "requests_source": str(requests_file) if requests_file else "derived from capture", "selections": sel}
     write_trace(path, requests, meta)
-    return path

@@ -11,8 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from traces.atomic import check_out_path
 from traces.captured import CapturedSelections
 from traces.errors import TraceError
+from traces.strict_yaml import read_yaml_file
 from traces.synthetic import SelectionSpec, SyntheticSelections
 from traces.workload import COLUMNS, check_requests
 
@@ -43,20 +45,17 @@ class Trace:
         return {p.name: p.stat().st_size for p in sorted(self.path.iterdir()) if p.is_file()}
 
 
-def prepare_out_dir(path, overwrite: bool = False) -> Path:
-    """Check that `path` can receive a trace: absent, empty, or (with overwrite) an old trace whose files go."""
+def check_out_dir(path, overwrite: bool = False) -> Path:
+    """Check, changing nothing, that `path` can receive a trace: absent, empty, or (with overwrite) an old trace.
+
+    Writers then build the trace in a hidden sibling and rename it into place (traces.atomic.StagedDir), so a
+    failure leaves an old trace byte-identical and no half-written directory behind.
+    """
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise TraceError(f"{path}: exists and is not a directory")
-    if path.exists() and any(path.iterdir()):
-        if not overwrite:
-            raise TraceError(f"{path}: exists and is not empty (use --force to overwrite)")
-        if not (path / META_FILE).exists():
-            raise TraceError(f"{path}: not a trace directory; refusing to overwrite it")
-        for name in (META_FILE, REQUESTS_FILE, "selections.bin", "selections.index.parquet"):
-            if (path / name).exists():
-                (path / name).unlink()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        check_out_path(path, overwrite, owns=lambda p: (p / META_FILE).is_file(), what="trace")
+    except (OSError, ValueError) as exc:
+        raise TraceError(str(exc)) from None
     return path
 
 
@@ -117,10 +116,7 @@ def open_trace(path) -> Trace:
         raise TraceError(f"{path}: no such trace directory")
     if not meta_path.exists():
         raise TraceError(f"{meta_path}: missing (not a trace directory)")
-    try:
-        meta = yaml.safe_load(meta_path.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as exc:
-        raise TraceError(f"{meta_path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
+    meta = read_yaml_file(meta_path)
     if not isinstance(meta, dict):
         raise TraceError(f"{meta_path}: expected a mapping")
     version = meta.get("schema_version")

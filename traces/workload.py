@@ -12,12 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from traces.errors import TraceError
+from traces.strict_yaml import read_yaml_file
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 COLUMNS = ("request_id", "arrival_s", "input_tokens", "output_tokens")
+# Limits on what a trace may hold (beyond them a value is a typo or an overflow, not a workload):
+MAX_REQUEST_TOKENS = 1 << 20  # input or output tokens of one request: a 1M-token context (these models serve 128-200K)
+MAX_REQUESTS = 1_000_000  # requests in one generated trace (a replay simulates each one)
+MAX_SEED = 2**32 - 1  # the generators key their RNG on 32 bits: larger seeds would repeat smaller ones
 ARRIVALS = ("closed", "poisson")
 
 
@@ -116,10 +120,9 @@ def load_profile(name_or_yaml) -> Profile:
                 known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
                 raise TraceError(f"unknown profile '{text}' (known: {', '.join(known)}; or give a YAML path)")
         where = str(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise TraceError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+        if not path.is_file():
+            raise TraceError(f"{path}: no such profile file")
+        data = read_yaml_file(path)
     if not isinstance(data, dict):
         raise TraceError(f"{where}: a profile must be a mapping")
     data = dict(data)
@@ -164,6 +167,10 @@ def generate_requests(profile, num_requests: int, seed: int = 0, arrival: str | 
     prof = load_profile(profile)
     if isinstance(num_requests, bool) or not isinstance(num_requests, (int, np.integer)) or num_requests < 0:
         raise TraceError(f"num_requests must be a non-negative integer, got {num_requests!r}")
+    if num_requests > MAX_REQUESTS:
+        raise TraceError(f"num_requests must be <= {MAX_REQUESTS:,} (a replay simulates every request), "
+                         f"got {num_requests:,}")
+    check_seed(seed)
     arr = Arrival(arrival or prof.arrival.process,
                   prof.arrival.rate_per_s if rate_per_s is None else rate_per_s)
     arr.check("arrival")
@@ -238,13 +245,23 @@ def import_requests(path, arrival: str | None = None, rate_per_s: float | None =
     return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
 
 
+def check_seed(seed) -> int:
+    """A generator seed in [0, 2^32 - 1]; anything else would alias (the RNG is keyed on its low 32 bits)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise TraceError(f"seed must be an integer in [0, 2^32 - 1] (larger seeds would repeat smaller ones), "
+                         f"got {seed!r}")
+    return int(seed)
+
+
 def _int_field(v, path, line, key, lo) -> int:
+    hi = MAX_REQUEST_TOKENS if key.endswith("_tokens") else 2**63 - 1
     try:
-        f = float(v)
-    except (TypeError, ValueError):
+        f = int(v) if isinstance(v, int) and not isinstance(v, bool) else float(v)
+    except (TypeError, ValueError, OverflowError):
         f = float("nan")
-    if not np.isfinite(f) or not f.is_integer() or f < lo:
-        raise TraceError(f"{path}: line {line}: {key} must be an integer >= {lo}, got {v!r}")
+    if isinstance(f, float) and (not np.isfinite(f) or not f.is_integer()) or not lo <= f <= hi:
+        limit = f" and <= {hi:,} (a 1M-token context)" if key.endswith("_tokens") else ""
+        raise TraceError(f"{path}: line {line}: {key} must be an integer >= {lo}{limit}, got {v!r}")
     return int(f)
 
 
@@ -303,6 +320,11 @@ def check_requests(df: pd.DataFrame, where: str) -> pd.DataFrame:
         bad = np.flatnonzero(df[c].to_numpy() < lo)
         if bad.size:
             raise TraceError(f"{where}: record {int(bad[0])}: {c} = {int(df[c].iloc[bad[0]])} < {lo}")
+    for c in ("input_tokens", "output_tokens"):
+        bad = np.flatnonzero(df[c].to_numpy() > MAX_REQUEST_TOKENS)
+        if bad.size:
+            raise TraceError(f"{where}: record {int(bad[0])}: {c} = {int(df[c].iloc[bad[0]]):,} > "
+                             f"{MAX_REQUEST_TOKENS:,} (a 1M-token context; these models serve 128K-200K)")
     arr = df["arrival_s"].to_numpy(dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
     if bad.size:
