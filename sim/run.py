@@ -16,7 +16,7 @@ from sim.costs import CostModel
 from sim.engine import Engine
 from sim.events import TraceRecorder
 from sim.hardware import events_scheduled
-from sim.systems import budget_for, make_system
+from sim.systems import RunBound, budget_for, make_system
 
 
 def load_workload(cfg: SimConfig):
@@ -55,41 +55,17 @@ def check_requests(requests) -> None:
         raise ValueError("request_id values must be unique")
 
 
-def cache_factory(cfg: SimConfig, system, max_request_tokens: int):
-    """make_cache(group, k) -> a library cache sized for 1/k of the requests (k = request sampling stride).
-
-    Sampled pools get slack when k > 1: two whole requests in the logical (CPU) tier, so an uneven sample never fails
-    an allocation the full system would have made; GPU pools are scaled exactly (slack there would inflate hit
-    rates); a sampled batch whose working set overflows is served in halves (counted in policy_batch_splits)."""
-    from ulacache import CacheConfig, UlaCache
+def cache_factory(cfg: SimConfig, system, requests):
+    """make_cache(group, k) -> a library cache for 1/k of the requests, sized by the system (`System.cache_config`)
+    and by what this run can hold at once (`RunBound`), never by the budgets alone."""
+    from ulacache import UlaCache
 
     cap = system.capacity
-    ws = cap.notes.get("ws_reserve_slots", cap.reserve_slots_per_request)
-    m = cap.ranks_per_space
-
-    def scaled(slots: float, k: int, slack: float) -> int:
-        return int(np.ceil(slots / k + (slack if k > 1 else 0)))
+    bound = RunBound.of(requests["input_tokens"].to_numpy(), requests["output_tokens"].to_numpy(), cfg.query_tokens,
+                        min(len(requests), cfg.workload["max_concurrency"]), cap.logical_tokens_per_space)
 
     def make(group: int, k: int):
-        row = cfg.model.kv_bytes_per_token_layer
-        if system.name == "hisparse":
-            buf = cap.device_buffer_slots
-            ranks = 1 if system.tp else cfg.num_gpus  # TP replicates: every rank holds the same state
-            gpu = max(scaled(cap.gpu_pool_slots, k, buf + 1), buf + 1)
-            cpu = max(scaled(cap.cpu_pool_slots, k, 2 * max_request_tokens), 1)
-            cc = CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
-                             device_buffer_slots=buf, row_bytes=row, seed=cfg.workload["seed"])
-        else:
-            mode = "tp" if system.tp else "dp"
-            ranks = cfg.num_gpus
-            gpu_slack = 0 if cfg.cpu_storage else 2 * max_request_tokens / m  # GPU slack would raise hit rates
-            gpu = max(scaled(cap.gpu_pool_slots, k, gpu_slack), 64)
-            cpu = scaled(cap.cpu_pool_slots, k, 2 * max_request_tokens / m) if cfg.cpu_storage else 0
-            local = scaled(cap.local_buffer_slots, k, ws) if system.tp else 0
-            cc = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy=cfg.policy,
-                             num_recent_buckets=cfg.ulacache["num_recent_buckets"], local_buffer_slots=local,
-                             row_bytes=row, seed=cfg.workload["seed"])
-        return UlaCache(cc)
+        return UlaCache(system.cache_config(k, bound))
 
     return make
 
@@ -181,8 +157,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     mean_tokens = float((requests["input_tokens"] + requests["output_tokens"]).mean())
     system = make_system(cfg, budget, mean_tokens)
     recorder = TraceRecorder() if trace_events else None
-    max_tokens = int((requests["input_tokens"] + requests["output_tokens"]).max()) + cfg.query_tokens
-    make_cache = cache_factory(cfg, system, max_tokens) if system.uses_policy else None
+    make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache)
     with _progress(progress, engine.n_req) as tick:
         engine.run(tick)

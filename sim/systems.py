@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sim.config import SimConfig
 
 INF = float("inf")
@@ -66,6 +68,38 @@ class Capacity:
     notes: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RunBound:
+    """What a run can hold at once in one admission space, from its workload (not from the budgets).
+
+    `totals` are the requests' final history lengths (input + output + verify tokens), largest first; at most
+    `max_running` of them run at once in a space, and admission never lets them exceed `logical_slots`."""
+
+    totals: np.ndarray  # int64, descending
+    max_running: int
+    logical_slots: float
+    max_output_slots: float  # the largest outputs of `max_running` requests, summed (decode-token spread slack)
+
+    @classmethod
+    def of(cls, inp: np.ndarray, out: np.ndarray, q: int, max_running: float, logical_slots: float) -> RunBound:
+        totals = np.sort(np.asarray(inp, np.int64) + np.asarray(out, np.int64) + q)[::-1]
+        n = int(min(len(totals), max_running))
+        outs = np.sort(np.asarray(out, np.int64) + q)[::-1]
+        return cls(totals, n, float(logical_slots), float(outs[:n].sum()))
+
+    def slots(self, k: int = 1) -> int:
+        """History slots the requests simulated at stride k can hold at once: the ceil(running / k) largest."""
+        n = math.ceil(self.max_running / k)
+        return int(min(self.totals[:n].sum(), math.ceil(self.logical_slots)))
+
+    def requests(self, k: int = 1) -> int:
+        return math.ceil(self.max_running / k)
+
+    @property
+    def max_request_slots(self) -> int:
+        return int(self.totals[0])
+
+
 class System:
     """Protocol + shared behaviour. Subclasses set `name`, `uses_policy` and implement `size()`."""
 
@@ -120,6 +154,20 @@ class System:
     def index_key_bytes(self, unique_tokens: float) -> float:
         return unique_tokens * self.ix_tok * self.capacity.history_copies
 
+    # ---- the library cache that runs this system's policy (one per simulated indexer group)
+    def cache_config(self, k: int, bound: RunBound):
+        """CacheConfig of one simulated group's cache for 1/k of the requests, or None (no policy to run).
+
+        Sampled pools get slack when k > 1: two whole requests in the logical (CPU) tier, so an uneven sample never
+        fails an allocation the full system would have made; GPU pools are scaled exactly (slack there would inflate
+        hit rates). Every pool is then cut to what the run can hold at once (`RunBound`): beyond it a slot is never
+        used, so the cut changes no outcome, only the memory and time of the library's bookkeeping."""
+        return None
+
+    @staticmethod
+    def _scaled(slots: float, k: int, slack: float) -> int:
+        return int(np.ceil(slots / k + (slack if k > 1 else 0)))
+
 
 class SGLang(System):
     """Stock SGLang: every history entry and its index key on the GPU; TP attention replicates them on all ranks."""
@@ -156,6 +204,21 @@ class HiSparse(System):
 
     def index_key_bytes(self, unique_tokens: float) -> float:
         return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
+
+    def cache_config(self, k: int, bound: RunBound):
+        from ulacache import CacheConfig
+
+        cap, cfg = self.capacity, self.cfg
+        buf = cap.device_buffer_slots
+        ranks = 1 if self.tp else self.n  # TP replicates: every rank holds the same state
+        big = bound.max_request_slots
+        gpu = max(self._scaled(cap.gpu_pool_slots, k, buf + 1), buf + 1)
+        cpu = max(self._scaled(cap.cpu_pool_slots, k, 2 * big), 1)
+        gpu = min(gpu, max(bound.requests(k), 1) * (buf + 1))  # one device buffer per running request at most
+        cpu = min(cpu, bound.slots(k) + 64)
+        return CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
+                           device_buffer_slots=buf, row_bytes=cfg.model.kv_bytes_per_token_layer,
+                           seed=cfg.workload["seed"])
 
 
 class UlaCacheSystem(System):
@@ -234,6 +297,32 @@ class UlaCacheSystem(System):
 
     def index_key_bytes(self, unique_tokens: float) -> float:
         return unique_tokens * self.ix_tok
+
+    def cache_config(self, k: int, bound: RunBound):
+        """Per rank: GPU and CPU pools (TP: + the local buffer). A rank never holds more than the run's state: all
+        of it under DP (admission may put every request on one rank); under TP its even share (homes are spread by
+        free space) plus the spread's slack: one whole request and every running request's decode tokens."""
+        from ulacache import CacheConfig
+
+        cap, cfg = self.capacity, self.cfg
+        m = cap.ranks_per_space
+        big = bound.max_request_slots
+        ws = cap.notes.get("ws_reserve_slots", cap.reserve_slots_per_request)
+        gpu_slack = 0 if cfg.cpu_storage else 2 * big / m  # GPU slack would raise hit rates
+        gpu = max(self._scaled(cap.gpu_pool_slots, k, gpu_slack), 64)
+        cpu = self._scaled(cap.cpu_pool_slots, k, 2 * big / m) if cfg.cpu_storage else 0
+        local = (self._scaled(cap.local_buffer_slots, k, ws) or gpu) if self.tp else 0  # 0 = the library's default
+        state = bound.slots(k)
+        per_rank = state if not self.tp else math.ceil(state / m) + big + math.ceil(bound.max_output_slots / k)
+        if gpu > per_rank:
+            gpu = max(per_rank, 64)
+        cpu = min(cpu, max(per_rank - gpu, 0) + 64) if cfg.cpu_storage else 0
+        if self.tp:
+            local = min(local, state + 64)  # copies of other ranks' entries: never more than the whole state
+        return CacheConfig(mode="tp" if self.tp else "dp", num_ranks=self.n, gpu_slots=gpu, cpu_slots=cpu,
+                           policy=cfg.policy, num_recent_buckets=cfg.ulacache["num_recent_buckets"],
+                           local_buffer_slots=local, row_bytes=cfg.model.kv_bytes_per_token_layer,
+                           seed=cfg.workload["seed"])
 
 
 SYSTEMS: dict[str, type[System]] = {"sglang": SGLang, "hisparse": HiSparse, "ulacache": UlaCacheSystem}

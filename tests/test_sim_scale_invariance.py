@@ -31,6 +31,11 @@ CONFIGS = {
     # DP exact LRU with a GPU pool smaller than the ranks' histories
     "ulacache-dp-lru": {"system": "ulacache", "attention": "dp", "policy": "lru",
                         "ulacache": {"gpu_pool_slots": 6000}},
+    # pools far above what the run holds (the GPU pool and local buffers are cut to the run's state)
+    "ulacache-tp-roomy": {"system": "ulacache", "attention": "tp", "spec": {"draft_tokens": 2},
+                          "memory": {"gpu_kv_bytes_per_gpu": 2.0e9, "cpu_kv_bytes_per_gpu": 20e9}},
+    "ulacache-dp-roomy": {"system": "ulacache", "attention": "dp", "spec": {"draft_tokens": 2},
+                          "memory": {"gpu_kv_bytes_per_gpu": 2.0e9, "cpu_kv_bytes_per_gpu": 20e9}},
     # HiSparse, TP, speculative verify tokens in chunks
     "hisparse-tp-spec": {"system": "hisparse", "attention": "tp", "spec": {"draft_tokens": 2}},
 }
@@ -56,6 +61,21 @@ FROZEN = {  # measured on main at 85e086c (before the scale changes)
         'pcie_h2d_bytes_per_token': 3836683.963963964, 'pcie_d2h_bytes_per_token': 3683463.6396396398,
         'pcie_prompt_load_bytes': 120142464.0, 'nvlink_kv_bytes_per_token': 0.0, 'physical_kv_slots': 14290.0,
         'unique_history_positions': 14290.0, 'cap_buffer_slots': 0.0, 'policy_calls': 410, 'policy_batch_splits': 0,
+    },
+    'ulacache-tp-roomy': {
+        'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 29,
+        'decode_tokens': 111.0, 'gpu_hit_rate': 1.0, 'unique_ref_fraction': 0.5085914048298172,
+        'pcie_h2d_bytes_per_token': 0.0, 'pcie_d2h_bytes_per_token': 0.0, 'pcie_prompt_load_bytes': 0.0,
+        'nvlink_kv_bytes_per_token': 6413339.675675675, 'physical_kv_slots': 52517.0,
+        'unique_history_positions': 17511.0, 'cap_buffer_slots': 35006.0, 'policy_calls': 362,
+        'policy_batch_splits': 0,
+    },
+    'ulacache-dp-roomy': {
+        'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 29,
+        'decode_tokens': 111.0, 'gpu_hit_rate': 1.0, 'unique_ref_fraction': 0.5085914048298172,
+        'pcie_h2d_bytes_per_token': 0.0, 'pcie_d2h_bytes_per_token': 0.0, 'pcie_prompt_load_bytes': 0.0,
+        'nvlink_kv_bytes_per_token': 0.0, 'physical_kv_slots': 17511.0, 'unique_history_positions': 17511.0,
+        'cap_buffer_slots': 0.0, 'policy_calls': 362, 'policy_batch_splits': 0,
     },
     'hisparse-tp-spec': {
         'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 1, 'decode_steps': 67,
