@@ -1,8 +1,8 @@
 """The simulator's cost model: pure per-piece cost functions shared with `hw validate`.
 
-`CostModel.load(hardware, model, calibration)` merges (lowest to highest precedence) the preset roofline figures,
-`sim/costs.yaml`, a config's `costs:` section and a calibration file (`provenance:` + `costs:`). Unknown keys are
-rejected. Link functions come in two forms: `*_link_bytes` is the occupancy a transfer puts on a link of raw
+`CostModel.load(hardware, model, calibration, overrides)` merges (lowest to highest precedence) the preset roofline
+figures, `sim/costs.yaml`, a calibration (by default the preset's committed one, `sim/calibration.py`; an explicit
+file; or `"none"`) and a config's `costs:` section. Unknown keys are rejected. Link functions come in two forms: `*_link_bytes` is the occupancy a transfer puts on a link of raw
 bandwidth (the simpy link shares that bandwidth fairly among concurrent transfers), `*_s` is the time of the
 transfer alone on its link (latency + occupancy / bandwidth) -- the same formula, for predictions.
 """
@@ -14,10 +14,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from sim import calibration as _calibration
 from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec
 
 DEFAULTS_PATH = Path(__file__).with_name("costs.yaml")
-_TABLE_KEYS = ("h2d_row_efficiency_by_bytes", "d2h_row_efficiency_by_bytes", "peer_row_efficiency_by_bytes")
+_TABLE_KEYS = ("h2d_row_efficiency_by_bytes", "d2h_row_efficiency_by_bytes", "peer_row_efficiency_by_bytes",
+               "hisparse_swapin_efficiency_by_batch")
+_FRACTION_KEYS = ("hbm_efficiency", "flops_efficiency", "h2d_row_efficiency", "d2h_row_efficiency",
+                  "peer_row_efficiency", "hisparse_swapin_efficiency")
+NO_CALIBRATION = "none"  # `calibration="none"` (or `--calibration none`): the uncalibrated sim/costs.yaml defaults
 
 
 def _defaults() -> dict:
@@ -46,19 +51,14 @@ def _merge_costs(base: dict, extra: dict, where: str) -> dict:
 
 def read_calibration(path: Path) -> dict:
     """The `costs:` of a calibration file (top-level keys: provenance, costs; anything else is an error)."""
-    path = Path(path)
-    if not path.is_file():
-        raise OSError(f"calibration file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        raise ValueError(f"{path}: calibration is not valid YAML") from None
-    if not isinstance(data, dict) or "costs" not in data:
-        raise ValueError(f"{path}: a calibration file needs a top-level 'costs:' mapping")
-    extra = set(data) - {"provenance", "costs"}
-    if extra:
-        raise ValueError(f"{path}: unknown calibration key {sorted(extra)[0]!r} (expected provenance, costs)")
-    return data["costs"] or {}
+    return _calibration.read(Path(path))[0]
+
+
+def _log_interp(x: float, table: dict) -> float:
+    """Table lookup interpolated in log(x) (batch sizes 1, 4, 16, ...), clamped at the ends."""
+    xs = np.log(np.array(sorted(float(k) for k in table)))
+    ys = np.array([float(table[k]) for k in sorted(table, key=float)])
+    return float(np.interp(np.log(max(float(x), 1e-9)), xs, ys))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +75,22 @@ class CostModel:
         hw = HARDWARE_PRESETS[hardware] if isinstance(hardware, str) else hardware
         md = MODEL_PRESETS[model] if isinstance(model, str) else model
         values = _defaults()
-        values = _merge_costs(values, overrides or {}, "config costs")
-        provenance = {"defaults": str(DEFAULTS_PATH.name)}
-        if calibration is not None:
+        provenance: dict = {"defaults": str(DEFAULTS_PATH.name)}
+        if calibration is None:  # the preset's committed calibration (derived for other hardware)
+            found = _calibration.default_for(hw)
+            if found is not None:
+                values = _merge_costs(values, found[0], found[1]["calibration"])
+                provenance.update(found[1])
+            else:
+                provenance["calibration"] = None
+        elif str(calibration).lower() == NO_CALIBRATION:
+            provenance["calibration"] = None
+        else:
             values = _merge_costs(values, read_calibration(Path(calibration)), str(calibration))
             provenance["calibration"] = str(calibration)
+        values = _merge_costs(values, overrides or {}, "config costs")
+        if overrides:
+            provenance["config_costs"] = sorted(overrides)
         fill = {
             "launch_s": hw.kernel_launch_s, "pcie_h2d_bw_bytes_s": hw.pcie_bw_bytes_s,
             "pcie_d2h_bw_bytes_s": hw.pcie_bw_bytes_s, "pcie_latency_s": hw.pcie_latency_s,
@@ -91,10 +102,11 @@ class CostModel:
         for key, value in values.items():
             if value is None:
                 raise ValueError(f"cost key {key} has no value")
-        for key in ("hbm_efficiency", "flops_efficiency", "h2d_row_efficiency", "d2h_row_efficiency",
-                    "peer_row_efficiency"):
+        for key in _FRACTION_KEYS:
             if not 0 < values[key] <= 1:
                 raise ValueError(f"cost key {key} must be in (0, 1], got {values[key]}")
+        if values["cuda_graphs"] not in (0, 1):
+            raise ValueError(f"cost key cuda_graphs must be 0 or 1, got {values['cuda_graphs']}")
         for key in ("pcie_h2d_bw_bytes_s", "pcie_d2h_bw_bytes_s", "nvlink_bw_bytes_s"):
             if values[key] <= 0:
                 raise ValueError(f"cost key {key} must be positive")
@@ -105,7 +117,19 @@ class CostModel:
 
     # ------------------------------------------------------------------ primitives
     def launch_s(self, num_kernels: float = 1) -> float:
+        """Eager launches (each kernel launched from the host)."""
         return self.values["launch_s"] * num_kernels
+
+    def kernel_overhead_s(self, num_kernels: float = 1) -> float:
+        """Fixed cost of `num_kernels` decode-step kernels: inside a CUDA-graph replay (`cuda_graphs: 1`, what SGLang
+        and the compared systems run) each kernel costs `graph_kernel_s`; eager, `launch_s` each."""
+        per = self.values["graph_kernel_s"] if self.values["cuda_graphs"] else self.values["launch_s"]
+        return per * num_kernels
+
+    def graphs_per_step(self, speculative: bool) -> int:
+        """Graph launches per decode step: the target forward; with EAGLE/MTP also SGLang's draft and draft-extend
+        graphs (3 in all)."""
+        return 3 if speculative else 1
 
     def roofline_s(self, flops: float, hbm_bytes: float, fp8: bool = True) -> float:
         """Time of a kernel bounded by compute or HBM bandwidth, at the model's efficiencies."""
@@ -130,6 +154,18 @@ class CostModel:
 
     def peer_link_bytes(self, num_rows: float, row_bytes: float) -> float:
         return num_rows * row_bytes / self._efficiency("peer", row_bytes)
+
+    def hisparse_swapin_efficiency(self, batch: float) -> float:
+        """Share of the PCIe H2D ceiling HiSparse's swap-in kernel reaches with `batch` requests (one thread block,
+        30 warps, per request copy missed rows straight from pinned host memory): the calibration's per-batch table
+        (hw: SGLang-shaped kernel), else the scalar fallback (the naive zero-copy gather, DESIGN §7)."""
+        table = self.values.get("hisparse_swapin_efficiency_by_batch") or {}
+        if table:
+            return _log_interp(max(batch, 1.0), table)
+        return float(self.values["hisparse_swapin_efficiency"])
+
+    def hisparse_swapin_link_bytes(self, num_rows: float, row_bytes: float, batch: float) -> float:
+        return num_rows * row_bytes / self.hisparse_swapin_efficiency(batch)
 
     def h2d_s(self, num_rows: float, row_bytes: float) -> float:
         """Scattered rows pinned host -> GPU, alone on the link (0 rows: no transfer)."""
@@ -164,12 +200,14 @@ class CostModel:
         return (self.launch_s(v["mgmt_kernels"]) + v["mgmt_per_ref_s"] * num_refs
                 + v["mgmt_per_unique_s"] * num_unique + v["mgmt_per_miss_s"] * num_misses)
 
-    def hisparse_management_s(self, num_refs: float, num_misses: float) -> float:
-        """HiSparse's per-layer swap-in kernel: hash the top-k, mark hits, assign LRU slots to misses."""
+    def hisparse_management_s(self, num_refs: float, num_misses: float = 0.0) -> float:
+        """HiSparse's per-layer swap-in kernel (one graph kernel, one thread block per request): hash the top-k, mark
+        hits, move hits to MRU, give misses LRU slots -- `hisparse_per_ref_s` per top-k reference. Its copies are
+        `hisparse_swapin_link_bytes` on the PCIe link (the same kernel, serial with the layer's compute)."""
         v = self.values
         if num_refs <= 0:
             return 0.0
-        return self.launch_s(1) + v["hisparse_per_ref_s"] * num_refs + v["mgmt_per_miss_s"] * num_misses
+        return self.kernel_overhead_s(1) + v["hisparse_per_ref_s"] * num_refs
 
     # ------------------------------------------------------------------ model compute (one GPU, one layer)
     def indexer_s(self, num_keys: float, num_query_keys: float) -> float:
@@ -177,7 +215,7 @@ class CostModel:
         m = self.model
         flops = 2.0 * num_query_keys * m.index_heads * m.index_head_dim
         hbm = num_keys * m.index_bytes_per_token_layer + num_query_keys * self.values["indexer_score_bytes"]
-        return self.launch_s(self.values["indexer_kernels"]) + self.roofline_s(flops, hbm, fp8=True)
+        return self.kernel_overhead_s(self.values["indexer_kernels"]) + self.roofline_s(flops, hbm, fp8=True)
 
     def attention_s(self, num_query_tokens: float, num_kv_reads: float, heads: float) -> float:
         """Sparse MLA decode attention: each query token reads its top-k latent rows for `heads` heads."""
@@ -185,7 +223,7 @@ class CostModel:
         per_pair = 2.0 * (m.kv_lora_rank + m.rope_dim + m.kv_lora_rank)
         flops = num_query_tokens * m.top_k * heads * per_pair
         hbm = num_kv_reads * m.kv_bytes_per_token_layer
-        return self.launch_s(self.values["attn_kernels_per_layer"]) + self.roofline_s(flops, hbm, fp8=False)
+        return self.kernel_overhead_s(self.values["attn_kernels_per_layer"]) + self.roofline_s(flops, hbm, fp8=False)
 
     def ffn_s(self, num_tokens: float, num_gpus: int, attn_replicated: bool) -> float:
         """MoE/FFN + projections of one layer on one GPU: weights read (touched experts) vs 2 x active FLOPs."""
@@ -198,15 +236,39 @@ class CostModel:
         attn_bytes = m.attn_weight_bytes / m.num_layers / (1 if attn_replicated else num_gpus)
         hbm = routed * touched + (moe_bytes - routed) + attn_bytes
         flops = 2.0 * m.active_params / m.num_layers * num_tokens / num_gpus
-        return self.launch_s(self.values["moe_kernels_per_layer"]) + self.roofline_s(flops, hbm, fp8=True)
+        return self.kernel_overhead_s(self.values["moe_kernels_per_layer"]) + self.roofline_s(flops, hbm, fp8=True)
 
-    def collective_s(self, num_bytes: float, num_gpus: int, kind: str = "allreduce") -> float:
-        """Ring all-reduce / all-gather / all-to-all of `num_bytes` per GPU on NVLink."""
+    def collective_link_bytes(self, num_bytes: float, num_gpus: int, kind: str = "allreduce") -> float:
+        """Bytes one GPU sends (= receives) on NVLink in a ring collective. `num_bytes`: all-reduce / all-to-all,
+        the GPU's whole buffer; all-gather, the GPU's *own contribution* (it receives every other GPU's)."""
         if num_gpus <= 1 or num_bytes <= 0:
             return 0.0
-        factor = {"allreduce": 2.0 * (num_gpus - 1) / num_gpus, "allgather": (num_gpus - 1) / num_gpus,
+        factor = {"allreduce": 2.0 * (num_gpus - 1) / num_gpus, "allgather": float(num_gpus - 1),
                   "alltoall": (num_gpus - 1) / num_gpus}[kind]
-        return self.values["collective_latency_s"] + factor * num_bytes / self.values["nvlink_bw_bytes_s"]
+        return factor * num_bytes
+
+    def collective_s(self, num_bytes: float, num_gpus: int, kind: str = "allreduce") -> float:
+        """Ring all-reduce / all-gather / all-to-all on NVLink (see `collective_link_bytes` for `num_bytes`)."""
+        if num_gpus <= 1 or num_bytes <= 0:
+            return 0.0
+        return (self.values["collective_latency_s"]
+                + self.collective_link_bytes(num_bytes, num_gpus, kind) / self.values["nvlink_bw_bytes_s"])
+
+    def topk_merge_s(self, num_queries: float, num_candidates: float) -> float:
+        """Top-k of `num_candidates` gathered (fp32 score, int32 index) candidates per query token: one kernel
+        reading every candidate once and writing top_k indices (HBM roofline)."""
+        if num_queries <= 0 or num_candidates <= 0:
+            return 0.0
+        hbm = num_queries * (num_candidates * 8.0 + self.model.top_k * 4.0)
+        return self.kernel_overhead_s(self.values["topk_merge_kernels"]) + self.roofline_s(0.0, hbm)
+
+    def distributed_topk_s(self, bytes_per_rank: float, num_queries: float, num_gpus: int) -> float:
+        """TP distributed indexer, per indexer layer: all-gather of every rank's local top-k candidates
+        (`bytes_per_rank` each; a rank receives (n - 1) x that) and the merge of the n x top_k candidates."""
+        if num_gpus <= 1 or bytes_per_rank <= 0:
+            return 0.0
+        return (self.collective_s(bytes_per_rank, num_gpus, "allgather")
+                + self.topk_merge_s(num_queries, num_gpus * self.model.top_k))
 
     def layer_collectives_s(self, tokens_per_gpu: float, num_gpus: int, tp_attention: bool) -> float:
         """Per layer: EP all-to-all dispatch (FP8) + combine (BF16); TP attention adds an all-reduce (BF16)."""
@@ -229,5 +291,7 @@ class CostModel:
             out += tokens_per_gpu * num_gpus * m.hidden_size * 2.0 * 2.0 * (num_gpus - 1) / num_gpus
         return out
 
-    def step_overhead_s(self) -> float:
-        return float(self.values["step_overhead_s"])
+    def step_overhead_s(self, speculative: bool = False) -> float:
+        """Per decode step: scheduler/sampling (`step_overhead_s`) + the step's CUDA-graph launches."""
+        graphs = self.graphs_per_step(speculative) if self.values["cuda_graphs"] else 0
+        return float(self.values["step_overhead_s"]) + graphs * self.values["graph_launch_s"]

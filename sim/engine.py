@@ -209,7 +209,7 @@ class Engine:
         tracing = self.recorder is not None and self.recorder.enabled
         keys = sysm.indexer_keys(hist_rank.tolist(), float(hist.sum()))
         allgather_b = sysm.indexer_allgather_bytes(tokens_total)
-        allgather_s = costs.collective_s(allgather_b, n_gpu, "allgather") if allgather_b else 0.0
+        allgather_s = costs.distributed_topk_s(allgather_b, tokens_total, n_gpu) if allgather_b else 0.0
         ffn = costs.ffn_s(tokens_total, n_gpu, attn_replicated=not tp)
         coll = costs.layer_collectives_s(tokens_total / n_gpu, n_gpu, tp)
         heads = m.num_heads / n_gpu if tp else m.num_heads
@@ -241,19 +241,20 @@ class Engine:
             attn = costs.attention_s(qtok, ref_rank[r], heads) if qtok else 0.0
             idx_s = costs.indexer_s(keys[r], keys[r] * q) if keys[r] else 0.0
             for g in range(m.num_index_groups):
-                h2d = d2h = peer = mgmt = 0.0
+                h2d = d2h = peer = mgmt = chained = 0.0
                 if ratios:
                     rep = int(self.runner.group_of[g])
                     rt = ratios[rep]
                     h2d, d2h, peer = (x[r] for x in rows[rep])
-                    if sysm.name == "hisparse":
-                        mgmt = costs.hisparse_management_s(ref_rank[r], h2d)
-                    else:
-                        mgmt = costs.management_s(ref_rank[r], rt["unique"] * ref_rank[r], rt["misses"] * ref_rank[r])
+                    mgmt = sysm.management_s(costs, ref_rank[r], rt["unique"] * ref_rank[r],
+                                             rt["misses"] * ref_rank[r], n_rank[r])
+                    if tp:  # rows promoted at other homes this step are fetched only after their promotion
+                        chained = min(peer, float(rows[rep][0].sum()) - h2d)
                 per_group.append(GroupWork(
                     layers=int(layer_w[g]), indexer_s=idx_s if n_rank[r] or tp else 0.0, allgather_s=allgather_s,
-                    mgmt_s=mgmt, h2d_bytes=costs.h2d_link_bytes(h2d, row), d2h_bytes=costs.d2h_link_bytes(d2h, row),
-                    peer_bytes=costs.peer_link_bytes(peer, row), attention_s=attn, ffn_s=ffn, collective_s=coll,
+                    mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row, n_rank[r]),
+                    d2h_bytes=costs.d2h_link_bytes(d2h, row), peer_bytes=costs.peer_link_bytes(peer - chained, row),
+                    peer_after_h2d_bytes=costs.peer_link_bytes(chained, row), attention_s=attn, ffn_s=ffn, collective_s=coll,
                     prefetch=prefetch, d2h_blocking=prefetch))
             work.append(per_group)
         if ratios:
@@ -265,7 +266,7 @@ class Engine:
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_req.sum() * m.num_layers
         # speculative draft passes (one MTP layer per draft token, at one token per request) + step overhead
-        epilogue = {"overhead_s": costs.step_overhead_s(), "draft_s": 0.0}
+        epilogue = {"overhead_s": costs.step_overhead_s(speculative=q > 1), "draft_s": 0.0}
         if q > 1:
             qn = n_rank[sim_ranks].max()
             one = (costs.attention_s(qn, qn * m.top_k, heads) + costs.ffn_s(n_total, n_gpu, not tp)
@@ -296,7 +297,7 @@ class Engine:
         st.h2d_bytes += h2d_rows_tot * row
         st.d2h_bytes += d2h_rows_tot * row
         st.peer_bytes += peer_rows_tot * row
-        st.allgather_bytes += allgather_b * m.num_index_groups * n_gpu
+        st.allgather_bytes += costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu
         st.collective_bytes += costs.layer_collective_bytes(tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu
         st.max_concurrency = max(st.max_concurrency, n_total)
         st.concurrency_sum += n_total

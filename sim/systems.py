@@ -139,6 +139,15 @@ class System:
     def indexer_allgather_bytes(self, num_queries: float) -> float:
         return 0.0
 
+    # ---- cost hooks: which cost formula (sim/costs.py) this system's mechanisms use
+    def management_s(self, costs, num_refs: float, num_unique: float, num_misses: float, batch: float) -> float:
+        """Cache management of one access batch (one indexer group on one rank): the pb-lru/lru pipeline."""
+        return costs.management_s(num_refs, num_unique, num_misses)
+
+    def h2d_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float:
+        """PCIe occupancy of `num_rows` host->GPU rows moved for `batch` requests: the calibrated exchange kernel."""
+        return costs.h2d_link_bytes(num_rows, row_bytes)
+
     # ---- accounting of where the bytes are (token slots, all ranks)
     def footprint(self, unique_tokens: float, num_requests: int, hist: list[float], buffer_slots: float) -> dict:
         """Slots holding history KV now: unique, replicas, buffer copies; plus index-key bytes."""
@@ -204,6 +213,15 @@ class HiSparse(System):
 
     def index_key_bytes(self, unique_tokens: float) -> float:
         return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
+
+    def management_s(self, costs, num_refs: float, num_unique: float, num_misses: float, batch: float) -> float:
+        """SGLang's swap-in kernel, per layer: hash + LRU per top-k reference (copies: `h2d_link_bytes`)."""
+        return costs.hisparse_management_s(num_refs)
+
+    def h2d_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float:
+        """Missed rows copied by the swap-in kernel straight from pinned host memory, one block per request: its
+        PCIe efficiency depends on how many requests (blocks) the kernel has (`hisparse_swapin_efficiency`)."""
+        return costs.hisparse_swapin_link_bytes(num_rows, row_bytes, batch)
 
     def cache_config(self, k: int, bound: RunBound):
         from ulacache import CacheConfig

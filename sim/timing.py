@@ -4,7 +4,10 @@ Per group on rank r: indexer scoring (+ all-gather of candidates under the distr
 management on the compute stream; then the first layer's transfers (H2D on the PCIe in-link, D2H on the out-link,
 peer fetches on the NVLink in-port) gate the first layer's attention. With `prefetch` (UlaCache: one plan per group)
 the other layers' transfers run on the copy stream while layer 1 computes, and layer i waits for its data; without
-it (HiSparse: swap-in per layer) every layer is management + transfer + compute in series. The group ends at a
+it (HiSparse: swap-in per layer) every layer is management + transfer + compute in series (SGLang runs the swap-in
+kernel on the compute stream inside the layer; only its decode backup D2H runs on a side stream). Under TP, a row
+that was on the CPU reaches a local buffer only after its promotion: that share of the peer fetches is chained
+after the PCIe transfer. The group ends at a
 barrier over the ranks (the layer's EP all-to-all / TP all-reduce synchronise them).
 """
 from __future__ import annotations
@@ -30,12 +33,13 @@ class GroupWork:
     mgmt_s: float  # per group (prefetch) or per layer (no prefetch)
     h2d_bytes: float
     d2h_bytes: float
-    peer_bytes: float
+    peer_bytes: float  # peer fetches that can start at once (rows resident in their home's GPU pool)
     attention_s: float  # per layer
     ffn_s: float
     collective_s: float
     prefetch: bool
     d2h_blocking: bool
+    peer_after_h2d_bytes: float = 0.0  # peer fetches of rows promoted this step: start once the promotions are done
 
 
 class StepTimer:
@@ -89,6 +93,16 @@ class StepTimer:
             env.run(until=env.now + skipped)
         return elapsed + tail, totals
 
+    def _chain(self, r: int, after, nbytes: float, label: str):
+        """A peer fetch that starts when `after` (the promotions into the home pools) completes: a CPU-resident
+        row reaches a rank's local buffer over NVLink only once its home has copied it in over PCIe. The home's
+        promotions are timed on this rank's own PCIe link (TP spreads homes evenly, so every rank promotes alike)."""
+        def proc():
+            if after is not None:
+                yield after
+            yield self.node.nvlink[r].transfer(nbytes, label)
+        return self.env.process(proc())
+
     def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: np.ndarray):
         """Rank r's part of group g. Per-transfer latency is paid once after the gating transfers (it is not link
         occupancy); concurrent transfers on one link share its bandwidth (processor sharing)."""
@@ -104,12 +118,17 @@ class StepTimer:
         layer_c = w.attention_s + w.ffn_s + w.collective_s
         first = 1 if w.prefetch else n
         flows, lat = [], 0.0
+        h2d_ev = None
         if w.h2d_bytes > 0:
-            flows.append(node.h2d[r].transfer(w.h2d_bytes * first, f"h2d g{g}"))
+            h2d_ev = node.h2d[r].transfer(w.h2d_bytes * first, f"h2d g{g}")
+            flows.append(h2d_ev)
             lat = max(lat, node.h2d[r].latency)
         if w.peer_bytes > 0:
             flows.append(node.nvlink[r].transfer(w.peer_bytes * first, f"peer g{g}"))
             lat = max(lat, node.nvlink[r].latency)
+        if w.peer_after_h2d_bytes > 0:
+            flows.append(self._chain(r, h2d_ev, w.peer_after_h2d_bytes * first, f"peer after h2d g{g}"))
+            lat = max(lat, node.h2d[r].latency + node.nvlink[r].latency)
         if w.d2h_bytes > 0:
             ev = node.d2h[r].transfer(w.d2h_bytes * first, f"d2h g{g}")
             if w.d2h_blocking:
@@ -122,10 +141,14 @@ class StepTimer:
         t2 = env.now + lat
         rest = []
         if w.prefetch and n > 1:
+            h2d_ev = None
             if w.h2d_bytes > 0:
-                rest.append(node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}"))
+                h2d_ev = node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}")
+                rest.append(h2d_ev)
             if w.peer_bytes > 0:
                 rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))
+            if w.peer_after_h2d_bytes > 0:
+                rest.append(self._chain(r, h2d_ev, w.peer_after_h2d_bytes * (n - 1), f"peer after h2d prefetch g{g}"))
             if w.d2h_bytes > 0:
                 ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
                 if w.d2h_blocking:

@@ -1,31 +1,68 @@
-"""Cost model: defaults, calibration merge, unknown keys, the pure per-piece formulas."""
+"""Cost model: defaults, calibration by default (and derived for B300), unknown keys, the per-piece formulas."""
 import pytest
+import simpy
 import yaml
 
+from sim import calibration
 from sim.costs import CostModel
-from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS
+from sim.hardware import Node
+from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, build_hardware
+from sim.systems import HiSparse, System
+from sim.timing import GroupWork, StepTimer
 
 
-def test_defaults_fill_from_the_preset():
-    cm = CostModel.load("h200", "glm-5.2")
+def test_uncalibrated_defaults_fill_from_the_preset():
+    cm = CostModel.load("h200", "glm-5.2", calibration="none")
     hw = HARDWARE_PRESETS["h200"]
     assert cm["pcie_h2d_bw_bytes_s"] == hw.pcie_bw_bytes_s
     assert cm["launch_s"] == hw.kernel_launch_s
+    assert cm["h2d_row_efficiency"] == 0.36
     assert cm.model is MODEL_PRESETS["glm-5.2"]
+    assert cm.provenance["calibration"] is None
 
 
-def test_link_time_is_latency_plus_occupancy_over_bandwidth():
+def test_h200_default_is_the_committed_calibration():
+    cal, _ = calibration.read(calibration.CALIBRATION_DIR / "h200.yaml")
     cm = CostModel.load("h200", "glm-5")
-    rows, row = 2048, 656
-    occ = cm.h2d_link_bytes(rows, row)
-    assert occ == pytest.approx(rows * row / cm["h2d_row_efficiency"])
-    assert cm.h2d_s(rows, row) == pytest.approx(cm["pcie_latency_s"] + occ / cm["pcie_h2d_bw_bytes_s"])
-    assert cm.h2d_s(0, row) == 0.0
-    assert cm.exchange_s(rows, rows // 2, row) == pytest.approx(cm.h2d_s(rows, row))
-    assert cm.peer_s(rows, row) < cm.h2d_s(rows, row)
+    assert cm.provenance["calibration"] == "hw/calibration/h200.yaml"
+    assert "derivation" not in cm.provenance
+    for key in ("pcie_h2d_bw_bytes_s", "nvlink_bw_bytes_s", "launch_s", "mgmt_per_ref_s", "pcie_latency_s"):
+        assert cm[key] == cal[key]
+    # 656-B rows: the measured exchange efficiency (0.79), not the naive gather (0.36), for every system using it
+    assert cm.h2d_link_bytes(1000, 656) == pytest.approx(1000 * 656 / cal["h2d_row_efficiency_by_bytes"][656])
 
 
-def test_calibration_overrides_and_tables(tmp_path):
+def test_b300_is_derived_from_h200_with_datasheet_ratios():
+    cal, _ = calibration.read(calibration.CALIBRATION_DIR / "h200.yaml")
+    h200, b300 = HARDWARE_PRESETS["h200"], HARDWARE_PRESETS["b300"]
+    cm = CostModel.load("b300", "glm-5")
+    pcie = b300.pcie_bw_bytes_s / h200.pcie_bw_bytes_s
+    assert cm["pcie_h2d_bw_bytes_s"] == pytest.approx(cal["pcie_h2d_bw_bytes_s"] * pcie)
+    assert cm["pcie_d2h_bw_bytes_s"] == pytest.approx(cal["pcie_d2h_bw_bytes_s"] * pcie)
+    assert cm["nvlink_bw_bytes_s"] == pytest.approx(cal["nvlink_bw_bytes_s"] * 2.0)
+    assert cm["mgmt_per_ref_s"] == pytest.approx(cal["mgmt_per_ref_s"] * 4.8 / 8.0)
+    for key in ("launch_s", "pcie_latency_s", "nvlink_latency_s", "hbm_efficiency", "mgmt_kernels"):
+        assert cm[key] == cal[key]  # carried over unchanged
+    assert cm.h2d_link_bytes(1, 656) == CostModel.load("h200", "glm-5").h2d_link_bytes(1, 656)
+    assert set(cm.provenance["derivation"]) >= {"pcie_h2d_bw_bytes_s", "nvlink_bw_bytes_s", "mgmt_per_ref_s"}
+
+
+def test_hardware_overrides_still_move_the_calibrated_links():
+    hw = build_hardware("h200", {"pcie_bw_bytes_s": 111e9})
+    base = CostModel.load("h200", "glm-5")
+    cm = CostModel.load(hw, "glm-5")
+    assert cm["pcie_h2d_bw_bytes_s"] == pytest.approx(2 * base["pcie_h2d_bw_bytes_s"])
+    assert cm["nvlink_bw_bytes_s"] == base["nvlink_bw_bytes_s"]
+
+
+def test_config_costs_win_over_the_calibration(tmp_path):
+    cm = CostModel.load("h200", "glm-5", overrides={"h2d_row_efficiency_by_bytes": {656: 0.5}, "launch_s": 1e-5})
+    assert cm.h2d_link_bytes(1, 656) == pytest.approx(656 / 0.5)
+    assert cm["launch_s"] == 1e-5
+    assert cm.provenance["config_costs"] == ["h2d_row_efficiency_by_bytes", "launch_s"]
+
+
+def test_explicit_calibration_file_and_tables(tmp_path):
     cal = tmp_path / "cal.yaml"
     cal.write_text(yaml.safe_dump({"provenance": {"device": "H200", "date": "2026-11-30", "command": "x"},
                                    "costs": {"mgmt_per_ref_s": 1e-10, "h2d_row_efficiency_by_bytes":
@@ -42,6 +79,8 @@ def test_calibration_overrides_and_tables(tmp_path):
     ({"costs": {"no_such_key": 1}}, "unknown cost key"),
     ({"costs": {"mgmt_per_ref_s": "fast"}}, "non-negative number"),
     ({"costs": {"hbm_efficiency": 2.0}}, "must be in (0, 1]"),
+    ({"costs": {"cuda_graphs": 2}}, "cuda_graphs must be 0 or 1"),
+    ({"costs": {"hisparse_swapin_efficiency_by_batch": {1: 1.5}}}, "efficiency in (0, 1]"),
     ({"provenance": {}, "costs": {}, "extra": 1}, "unknown calibration key"),
     ({"provenance": {}}, "needs a top-level 'costs:'"),
 ])
@@ -61,3 +100,87 @@ def test_compute_pieces_scale_sensibly():
     one = cm.ffn_s(1, 8, attn_replicated=False)
     assert full > 5 * one
     assert cm.collective_s(1e6, 1) == 0.0 and cm.collective_s(1e6, 8) > 0
+
+
+# ---- item 5: CUDA graphs
+def test_decode_kernels_cost_a_graph_kernel_not_a_launch_each():
+    graphs = CostModel.load("h200", "glm-5")
+    eager = CostModel.load("h200", "glm-5", overrides={"cuda_graphs": 0})
+    assert graphs.kernel_overhead_s(10) == pytest.approx(10 * graphs["graph_kernel_s"])
+    assert eager.kernel_overhead_s(10) == pytest.approx(10 * eager["launch_s"])
+    # a batch-1 layer: attention + MoE + indexer kernels; the eager model pays ~4.7 us each, the graph ~0.75 us
+    per_layer = lambda cm: cm.attention_s(1, 2048, 8) + cm.ffn_s(1, 8, False) + cm.indexer_s(65536, 65536)
+    kernels = sum(graphs[k] for k in ("attn_kernels_per_layer", "moe_kernels_per_layer", "indexer_kernels"))
+    saved = per_layer(eager) - per_layer(graphs)
+    assert saved == pytest.approx(kernels * (eager["launch_s"] - graphs["graph_kernel_s"]))
+    assert saved * 78 > 2.5e-3  # > 2.5 ms of a glm-5 step (78 layers) was launch overhead
+    # one graph launch per step (3 with EAGLE/MTP: verify, draft, draft-extend); none counted eagerly
+    assert graphs.step_overhead_s(False) == pytest.approx(graphs["step_overhead_s"] + graphs["graph_launch_s"])
+    assert graphs.step_overhead_s(True) == pytest.approx(graphs["step_overhead_s"] + 3 * graphs["graph_launch_s"])
+    assert eager.step_overhead_s(True) == pytest.approx(eager["step_overhead_s"])
+
+
+# ---- item 4: TP communication
+def test_allgather_moves_n_minus_1_contributions_per_rank():
+    cm = CostModel.load("h200", "glm-5")
+    b, n = 4096 * 2048 * 8.0, 8
+    assert cm.collective_link_bytes(b, n, "allgather") == pytest.approx(7 * b)
+    assert cm.collective_s(b, n, "allgather") == pytest.approx(cm["collective_latency_s"] + 7 * b / cm["nvlink_bw_bytes_s"])
+    # all-reduce / all-to-all keep their whole-buffer meaning
+    assert cm.collective_link_bytes(b, n, "allreduce") == pytest.approx(2 * 7 / 8 * b)
+    assert cm.collective_link_bytes(b, n, "alltoall") == pytest.approx(7 / 8 * b)
+
+
+def test_distributed_topk_adds_the_merge_of_n_times_k_candidates():
+    cm = CostModel.load("h200", "glm-5")
+    q, n = 1024, 8
+    b = q * 2048 * 8.0
+    merge = cm.topk_merge_s(q, n * 2048)
+    assert merge > cm.kernel_overhead_s(1)
+    assert merge == pytest.approx(cm.kernel_overhead_s(1) + q * (n * 2048 * 8 + 2048 * 4)
+                                  / (cm.hardware.hbm_bw_bytes_s * cm["hbm_efficiency"]))
+    assert cm.distributed_topk_s(b, q, n) == pytest.approx(cm.collective_s(b, n, "allgather") + merge)
+    assert cm.distributed_topk_s(b, q, 1) == 0.0
+    assert cm.topk_merge_s(q, 16 * 2048) > merge
+
+
+def _one_group(costs, work: GroupWork) -> float:
+    env = simpy.Environment()
+    timer = StepTimer(env, Node(env, 1, costs))
+    t, _ = timer.run([[work]], [0], {})
+    return t
+
+
+def test_peer_fetch_of_a_promoted_row_waits_for_its_promotion():
+    cm = CostModel.load("h200", "glm-5", calibration="none",
+                        overrides={"pcie_latency_s": 0.0, "nvlink_latency_s": 0.0})
+    base = dict(layers=1, indexer_s=0.0, allgather_s=0.0, mgmt_s=0.0, d2h_bytes=0.0, attention_s=0.0, ffn_s=0.0,
+                collective_s=0.0, prefetch=True, d2h_blocking=True)
+    h2d = cm["pcie_h2d_bw_bytes_s"] * 1e-3  # 1 ms alone on PCIe
+    peer = cm["nvlink_bw_bytes_s"] * 1e-3  # 1 ms alone on NVLink
+    together = _one_group(cm, GroupWork(h2d_bytes=h2d, peer_bytes=peer, **base))
+    chained = _one_group(cm, GroupWork(h2d_bytes=h2d, peer_bytes=0.0, peer_after_h2d_bytes=peer, **base))
+    assert together == pytest.approx(1e-3, rel=1e-6)
+    assert chained == pytest.approx(2e-3, rel=1e-6)
+
+
+# ---- item 3: HiSparse's swap-in
+def test_hisparse_swapin_efficiency_fallback_and_table():
+    cm = CostModel.load("h200", "glm-5", calibration="none")
+    assert cm.hisparse_swapin_efficiency(1) == cm.hisparse_swapin_efficiency(256) == 0.36
+    tab = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_efficiency_by_batch": {1: 0.1, 16: 0.5,
+                                                                                            256: 0.8}})
+    assert tab.hisparse_swapin_efficiency(1) == pytest.approx(0.1)
+    assert tab.hisparse_swapin_efficiency(4) == pytest.approx(0.3)  # log-interpolated
+    assert tab.hisparse_swapin_efficiency(1000) == pytest.approx(0.8)
+    assert tab.hisparse_swapin_link_bytes(100, 656, 16) == pytest.approx(100 * 656 / 0.5)
+
+
+def test_systems_pick_their_own_mechanism_costs():
+    cm = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_efficiency_by_batch": {1: 0.1, 256: 0.8}})
+    # HiSparse's copies use its swap-in kernel's efficiency at its batch; UlaCache's the calibrated exchange
+    assert HiSparse.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(100 * 656 / 0.1)
+    assert System.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
+    assert HiSparse.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(
+        cm.kernel_overhead_s(1) + cm["hisparse_per_ref_s"] * 2048)
+    assert System.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(cm.management_s(2048, 2048, 900))

@@ -1,0 +1,82 @@
+"""Default calibrations: the committed measurement of a preset is that preset's cost model (issue 11 item 3).
+
+`hw/calibration/h200.yaml` (`ulacache hw calibrate`, 2 x H200, both GPUs transferring) is the reference. A config
+whose hardware is the `h200` preset gets it as measured; `b300` (no B300 measured) and any hardware override get it
+*derived*: every measured link ceiling is scaled by the datasheet ratio of that link (target / reference preset
+field), the management pipeline's per-reference costs by the HBM bandwidth ratio (the pipeline is bound by random
+HBM lookups: hw/NOTES.md), and everything else (row efficiencies, latencies, launch, constant terms) is carried over
+unchanged. `DERIVATIONS` lists each rule; sim/COSTS.md states them. A data file is read, nothing of `hw` imported.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sim.presets import HARDWARE_PRESETS, HardwareSpec
+
+CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "hw" / "calibration"
+# preset name -> (reference preset whose measurement is used, calibration file name)
+REFERENCE = {"h200": ("h200", "h200.yaml"), "b300": ("h200", "h200.yaml")}
+# cost key -> (hardware field whose target/reference ratio scales it, exponent): value x (target/ref) ** exponent
+DERIVATIONS: dict[str, tuple[str, float]] = {
+    "pcie_h2d_bw_bytes_s": ("pcie_bw_bytes_s", 1.0),
+    "pcie_d2h_bw_bytes_s": ("pcie_bw_bytes_s", 1.0),
+    "nvlink_bw_bytes_s": ("nvlink_bw_bytes_s", 1.0),
+    "mgmt_per_ref_s": ("hbm_bw_bytes_s", -1.0),
+    "mgmt_per_unique_s": ("hbm_bw_bytes_s", -1.0),
+    "mgmt_per_miss_s": ("hbm_bw_bytes_s", -1.0),
+    "hisparse_per_ref_s": ("hbm_bw_bytes_s", -1.0),
+}
+
+
+def read(path: Path) -> tuple[dict, dict]:
+    """(costs, provenance) of a calibration file (top-level keys: provenance, costs; anything else is an error)."""
+    path = Path(path)
+    if not path.is_file():
+        raise OSError(f"calibration file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        raise ValueError(f"{path}: calibration is not valid YAML") from None
+    if not isinstance(data, dict) or "costs" not in data:
+        raise ValueError(f"{path}: a calibration file needs a top-level 'costs:' mapping")
+    extra = set(data) - {"provenance", "costs"}
+    if extra:
+        raise ValueError(f"{path}: unknown calibration key {sorted(extra)[0]!r} (expected provenance, costs)")
+    costs = data["costs"] or {}
+    if not isinstance(costs, dict):
+        raise ValueError(f"{path}: costs must be a mapping")
+    return costs, data.get("provenance") or {}
+
+
+def derive(costs: dict, reference: HardwareSpec, target: HardwareSpec) -> tuple[dict, dict]:
+    """The reference calibration carried to `target`: (costs, {key: 'x ratio (field target/ref)'} for changed keys)."""
+    out, notes = dict(costs), {}
+    for key, (field, exponent) in DERIVATIONS.items():
+        if key not in out or out[key] is None:
+            continue
+        ratio = (getattr(target, field) / getattr(reference, field)) ** exponent
+        if abs(ratio - 1.0) > 1e-12:
+            out[key] = out[key] * ratio
+            notes[key] = f"x {ratio:.4g} ({field} {target.name}/{reference.name} datasheet ratio)"
+    return out, notes
+
+
+def default_for(hardware: HardwareSpec) -> tuple[dict, dict] | None:
+    """(costs, provenance) of the default calibration of this hardware, or None when its preset has none."""
+    ref = REFERENCE.get(hardware.name)
+    if ref is None:
+        return None
+    ref_name, filename = ref
+    path = CALIBRATION_DIR / filename
+    if not path.is_file():
+        return None
+    costs, prov = read(path)
+    costs, notes = derive(costs, HARDWARE_PRESETS[ref_name], hardware)
+    provenance = {"calibration": f"hw/calibration/{filename}", "measured_on": prov.get("device", ref_name),
+                  "measured_date": prov.get("date")}
+    if notes:
+        provenance["derived_for"] = hardware.name
+        provenance["derivation"] = notes
+    return costs, provenance
