@@ -202,7 +202,9 @@ class Engine:
         if self.runner is not None:
             if self.runner.due(st.steps):
                 rids = self.rid[run].tolist()
-                ratios = self.runner.run_step(rids, hist, self.dsteps[run], q, None)
+                spaces = self.space[run]
+                ranks = spaces if sysm.capacity.num_spaces > 1 else np.zeros_like(spaces)
+                ratios = self.runner.run_step(rids, hist, self.dsteps[run], q, spaces, ranks)
             else:
                 ratios = self.runner.last
         sim_ranks = [0] if sysm.symmetric_ranks else list(range(n_gpu))

@@ -11,6 +11,10 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   running requests are (k = round(1 / fraction)), so the simulated share stays ~1/k at every step; pools are scaled
   by the same fraction (+ two whole requests of slack in the logical CPU tier, none on the GPU).
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
+- The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_ENTRIES` history entries, the
+  pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
+  representatives' caches are rebuilt at stride k with the running requests re-admitted (their history placed as
+  at admission, GPU-first). Memory then follows the simulated groups, not all groups.
 What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link. The engine turns them
 into rows with the exact reference counts of the whole batch, so sampled and full runs share one code path.
 """
@@ -20,6 +24,7 @@ import math
 
 import numpy as np
 
+PILOT_MAX_ENTRIES = 24_000_000  # history entries held by all pilot caches together (~25-60 B each in the library)
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer")
 
 
@@ -115,9 +120,9 @@ def group_map(num_groups: int, picked: list[int], shallow: int) -> np.ndarray:
 class AddressTable:
     """Position -> logical address of every simulated running request, one row per request."""
 
-    def __init__(self, max_len: int):
+    def __init__(self, max_len: int, dtype=np.int64):
         self.max_len = max_len
-        self.table = np.full((4, max_len), -1, dtype=np.int64)
+        self.table = np.full((4, max_len), -1, dtype=dtype)
         self.row_of: dict[int, int] = {}
         self.free_rows: list[int] = list(range(3, -1, -1))
         self.length: dict[int, int] = {}
@@ -125,7 +130,7 @@ class AddressTable:
     def add(self, rid: int, addrs: np.ndarray):
         if not self.free_rows:
             old = self.table.shape[0]
-            self.table = np.concatenate([self.table, np.full((old, self.max_len), -1, dtype=np.int64)])
+            self.table = np.concatenate([self.table, np.full((old, self.max_len), -1, dtype=self.table.dtype)])
             self.free_rows = list(range(2 * old - 1, old - 1, -1))
         row = self.free_rows.pop()
         self.row_of[rid] = row
@@ -148,7 +153,7 @@ class AddressTable:
         """positions int64[R, q, k] (-1 padding) -> logical addresses (same shape, -1 padding)."""
         rows = np.fromiter((self.row_of[r] for r in rids), dtype=np.int64, count=len(rids))
         safe = np.maximum(positions, 0)
-        out = self.table[rows[:, None, None], safe]
+        out = self.table[rows[:, None, None], safe].astype(np.int64, copy=False)
         out[positions < 0] = -1
         return out
 
@@ -176,10 +181,16 @@ class PolicyRunner:
                 shallow = shallow_groups(self.num_groups, model.num_layers, source)
                 self.groups = sampled_groups(self.num_groups, self.want, shallow)
                 self.group_of = group_map(self.num_groups, self.groups, shallow)
-        self.k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
+        self.k = self.main_k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
+        self.max_request_tokens = max_request_tokens
+        self.make_cache = make_cache
+        bound = getattr(make_cache, "bound", None)
+        if self.pilot_left and bound is not None:  # all groups at once: keep the pilot's state bounded
+            while self.num_groups * bound.slots(self.k) > PILOT_MAX_ENTRIES and bound.requests(self.k) > 1:
+                self.k += self.main_k
         self.stride = cfg.fidelity["step_stride"]
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
-        self.tables = {g: AddressTable(max_request_tokens) for g in self.groups}
+        self.tables = {g: self._table(self.caches[g]) for g in self.groups}
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
         self.sampled_per_space: dict[int, int] = {}
         self.space_of: dict[int, int] = {}
@@ -200,8 +211,13 @@ class PolicyRunner:
         self.prompt_cpu_rows: dict[int, np.ndarray] = {}
         self.prompt_rows = 0.0
 
+    def _table(self, cache) -> AddressTable:
+        size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
+        return AddressTable(self.max_request_tokens, np.int32 if size < 2**31 - 1 else np.int64)
+
     # ---- request lifecycle
-    def admit(self, rid: int, space: int, rank: int, num_tokens: int, running_in_space: int) -> bool:
+    def admit(self, rid: int, space: int, rank: int, num_tokens: int, running_in_space: int,
+              count_prompt: bool = True) -> bool:
         """Simulate this request if the space's simulated share would fall below 1/k of its running requests."""
         count = self.sampled_per_space.get(space, 0)
         if count >= math.ceil(running_in_space / self.k):
@@ -216,7 +232,7 @@ class PolicyRunner:
             n_ranks = cache.config.num_ranks
             cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
             self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
-            if g == self.groups[0]:
+            if g == self.groups[0] and count_prompt:
                 self.prompt_rows += float(cpu.sum()) * self.k  # one layer's rows, scaled to all requests
         return True
 
@@ -250,8 +266,9 @@ class PolicyRunner:
     def due(self, step: int) -> bool:
         return step % self.stride == 0 or not self.last
 
-    def run_step(self, rids: list[int], hist: np.ndarray, steps: np.ndarray, q: int, space_of) -> dict[int, dict]:
-        """Access every simulated group with the simulated requests' selections; returns ratios per group."""
+    def run_step(self, rids: list[int], hist: np.ndarray, steps: np.ndarray, q: int, spaces, ranks) -> dict[int, dict]:
+        """Access every simulated group with the simulated requests' selections; returns ratios per group.
+        `rids` are all running requests in admission order, `spaces`/`ranks` theirs (for a pilot's re-admission)."""
         sel_idx = [i for i, r in enumerate(rids) if r in self.sampled]
         if not sel_idx:
             return self.last
@@ -288,6 +305,8 @@ class PolicyRunner:
                 self.pilot_base = {g: v.copy() for g, v in self.group_totals.items()}
             if not self.pilot_left:
                 self._end_pilot()
+                if self.k != self.main_k:
+                    self._resample(rids, hist, spaces, ranks)
         return self.last
 
     def _end_pilot(self):
@@ -301,6 +320,20 @@ class PolicyRunner:
                 del self.caches[g], self.tables[g]
                 self.group_totals.pop(g, None)
         self.last = {g: self.last[g] for g in self.groups}
+
+    def _resample(self, rids: list[int], hist: np.ndarray, spaces, ranks):
+        """After a coarse-sampled pilot: fresh caches at stride k for the representatives, the running requests
+        re-admitted in admission order with their current history (not counted again as prompt loads)."""
+        self.k = self.main_k
+        self.caches = {g: self.make_cache(g, self.k) for g in self.groups}
+        self.tables = {g: self._table(self.caches[g]) for g in self.groups}
+        self.sampled, self.sampled_per_space, self.space_of = {}, {}, {}
+        self.prompt_cpu_rows = {}
+        running: dict[int, int] = {}
+        for rid, h, s, r in zip(rids, np.asarray(hist).tolist(), np.asarray(spaces).tolist(),
+                                np.asarray(ranks).tolist()):
+            running[s] = running.get(s, 0) + 1
+            self.admit(int(rid), int(s), int(r), int(h), running[s], count_prompt=False)
 
     def _access(self, cache, addrs: np.ndarray, num_ranks: int) -> dict:
         from ulacache import CapacityError

@@ -67,6 +67,7 @@ def cache_factory(cfg: SimConfig, system, requests):
     def make(group: int, k: int):
         return UlaCache(system.cache_config(k, bound))
 
+    make.bound = bound  # what the runner needs to keep its pilot's state bounded
     return make
 
 

@@ -78,14 +78,11 @@ class RunBound:
     totals: np.ndarray  # int64, descending
     max_running: int
     logical_slots: float
-    max_output_slots: float  # the largest outputs of `max_running` requests, summed (decode-token spread slack)
 
     @classmethod
     def of(cls, inp: np.ndarray, out: np.ndarray, q: int, max_running: float, logical_slots: float) -> RunBound:
         totals = np.sort(np.asarray(inp, np.int64) + np.asarray(out, np.int64) + q)[::-1]
-        n = int(min(len(totals), max_running))
-        outs = np.sort(np.asarray(out, np.int64) + q)[::-1]
-        return cls(totals, n, float(logical_slots), float(outs[:n].sum()))
+        return cls(totals, int(min(len(totals), max_running)), float(logical_slots))
 
     def slots(self, k: int = 1) -> int:
         """History slots the requests simulated at stride k can hold at once: the ceil(running / k) largest."""
@@ -317,9 +314,11 @@ class UlaCacheSystem(System):
         return unique_tokens * self.ix_tok
 
     def cache_config(self, k: int, bound: RunBound):
-        """Per rank: GPU and CPU pools (TP: + the local buffer). A rank never holds more than the run's state: all
-        of it under DP (admission may put every request on one rank); under TP its even share (homes are spread by
-        free space) plus the spread's slack: one whole request and every running request's decode tokens."""
+        """Per rank: GPU and CPU pools (TP: + the local buffer), cut to the run's state S. DP: a rank may hold all
+        of S (admission may put every request on one rank). TP: homes are water-filled over the ranks' free GPU
+        slots, then (only once every GPU pool is full) over their free CPU slots; equal pools make the fullest rank
+        grow only when all are level, so no rank's GPU (CPU) tier ever holds more than ceil(S / m) + 1 entries
+        (ceil((S - m x gpu) / m) + 1). The CPU tier receives entries only when the GPU tier is full, in both modes."""
         from ulacache import CacheConfig
 
         cap, cfg = self.capacity, self.cfg
@@ -331,9 +330,9 @@ class UlaCacheSystem(System):
         cpu = self._scaled(cap.cpu_pool_slots, k, 2 * big / m) if cfg.cpu_storage else 0
         local = (self._scaled(cap.local_buffer_slots, k, ws) or gpu) if self.tp else 0  # 0 = the library's default
         state = bound.slots(k)
-        per_rank = state if not self.tp else math.ceil(state / m) + big + math.ceil(bound.max_output_slots / k)
-        if gpu > per_rank:
-            gpu = max(per_rank, 64)
+        per_rank = state if not self.tp else math.ceil(state / m)
+        if gpu > per_rank + 64:
+            gpu = per_rank + 64
         cpu = min(cpu, max(per_rank - gpu, 0) + 64) if cfg.cpu_storage else 0
         if self.tp:
             local = min(local, state + 64)  # copies of other ranks' entries: never more than the whole state
