@@ -28,6 +28,7 @@ def register(subparsers) -> None:
     c = sub.add_parser("calibrate", help="measure the simulator's cost-model keys -> calibration YAML")
     c.add_argument("--out", default="hw/calibration/h200.yaml", help="calibration YAML to write")
     c.add_argument("--json", default="", help="also write the raw measurements here")
+    c.add_argument("--hisparse-json", default="", help="merge the HiSparse swap-in keys of this `hw hisparse` JSON")
     c.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     c.set_defaults(func=_calibrate)
 
@@ -48,7 +49,8 @@ def register(subparsers) -> None:
     v.add_argument("--requests", type=_positive_int, default=64, help="running requests (first N of the trace)")
     v.add_argument("--history", type=_positive_int, default=16384, help="tokens of history per request (cap)")
     v.add_argument("--gpu-slots", type=_positive_int, default=1 << 18, help="GPU pool slots per rank")
-    v.add_argument("--local-buffer-slots", type=int, default=0, help="TP local buffer slots per rank (0 = gpu slots)")
+    v.add_argument("--local-buffer-slots", type=int, default=0,
+                   help="TP local buffer slots per rank (0 = the selections' working set, rounded up to 4096)")
     v.add_argument("--row-bytes", type=_positive_int, default=656, help="KV row bytes (656 FP8 MLA, 1152 BF16)")
     v.add_argument("--draft-tokens", type=int, default=3, help="speculative draft tokens (query tokens = 1 + this)")
     v.add_argument("--backend", choices=("cupy", "numpy"), default="cupy",

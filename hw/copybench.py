@@ -156,63 +156,78 @@ def check_exchange_correct(row_bytes: int, n: int, *, host_rows: int, gpu_rows: 
     return bool(np.array_equal(cp.asnumpy(gpu), g1) and np.array_equal(host.array, h1))
 
 
-def bench_links_concurrent(row_bytes: int, sizes: list[int], *, num_gpus: int, kind: str, host_rows: int,
-                           gpu_rows: int, seed: int = 0, repeat: int = 7) -> list[dict]:
-    """The same transfer on every GPU at once (as in a node where all ranks exchange each step): per GPU its own
-    pinned host pool and GPU pool (kind "h2d" = exchange into free slots, "d2h" = swap exchange) or, for "peer",
-    each GPU pulls rows from the next GPU. GPU 0 spins while the host enqueues everything; the other GPUs wait on an
-    event recorded after that spin, so all start together. Time = the slowest GPU's (a step waits for it)."""
+def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, host_rows: int, gpu_rows: int,
+               all_gpus: int | None = None, seed: int = 0, repeat: int = 7) -> list[dict]:
+    """The same transfer on each GPU of `gpus` at once (a node where those ranks exchange together). Per GPU its own
+    pinned host pool and GPU pool. op: "read_only" (exchange into free slots: PCIe reads), "swap" (fused swap
+    exchange: reads + victim write-backs), "split" (stage victims in HBM, read, write back; one stream), "peer_all"
+    (each GPU gathers the rows evenly from every other GPU of `gpus`, one gather per peer). GPU 0 spins while the
+    host enqueues; every GPU waits on an event recorded after the spin, so all start together. Returns per point the
+    slowest GPU's time (a step waits for it) and every GPU's own."""
     from hw.pipeline import _fn
     from ulacache.backends.cupy_copy import HostPool, exchange_rows, gather_rows
 
     cp = cupy()
     rng = np.random.default_rng(seed)
-    if kind == "peer":
-        enable_peer_access(num_gpus)
-    pools = []
-    for g in range(num_gpus):
+    if op == "peer_all":
+        if len(gpus) < 2:
+            raise ValueError("peer_all needs at least 2 GPUs")
+        enable_peer_access(all_gpus or max(gpus) + 1)
+    pools = {}
+    for g in gpus:
         with cp.cuda.Device(g):  # non-zero patterns (cheap to make; a copy does not care which bytes)
             gpu = (cp.arange(gpu_rows * row_bytes, dtype=cp.int64) * 7 + g).astype(cp.uint8).reshape(gpu_rows, -1)
-            if kind == "peer":
+            if op == "peer_all":
                 src = (cp.arange(host_rows * row_bytes, dtype=cp.int64) * 5 + 1).astype(cp.uint8).reshape(host_rows,
                                                                                                           -1)
             else:
                 src = HostPool(host_rows, row_bytes)
                 src.array.reshape(-1)[:] = np.arange(src.array.size, dtype=np.int64).astype(np.uint8) | 1
-            pools.append((gpu, src, cp.cuda.Stream(non_blocking=True)))
+            pools[g] = (gpu, src, cp.cuda.Stream(non_blocking=True), cp.empty((max(sizes), row_bytes), cp.uint8))
     out = []
     for n in sizes:
-        idx = []
-        for g in range(num_gpus):
+        idx = {}
+        for g in gpus:
             with cp.cuda.Device(g):
-                idx.append((_index_sets(rng, gpu_rows, n), _index_sets(rng, host_rows, n),
-                            cp.full(n, 1 if kind == "d2h" else 0, dtype=cp.uint8)))
+                idx[g] = (_index_sets(rng, gpu_rows, n), _index_sets(rng, host_rows, n),
+                          cp.full(n, 1 if op in ("swap", "split") else 0, dtype=cp.uint8), cp.arange(n, dtype=cp.int64))
         inner = _inner(n, row_bytes)
-        samples = []
+        samples, per = [], []
         for rep in range(repeat + 1):
-            with cp.cuda.Device(0), pools[0][2]:
+            g0 = gpus[0]
+            with cp.cuda.Device(g0), pools[g0][2]:
                 _fn("spin_ns")((1,), (1,), (np.int64(2_000_000),))
-                go = pools[0][2].record()
+                go = pools[g0][2].record()
             ends = []
-            for g in range(num_gpus):
-                gpu, src, s = pools[g]
+            for g in gpus:
+                gpu, src, s, stage = pools[g]
                 with cp.cuda.Device(g), s:
                     s.wait_event(go)
                     a = s.record()
-                    gi, hi, vic = idx[g]
+                    gi, hi, vic, ar = idx[g]
+                    peers = [h for h in gpus if h != g]
                     for k in range(inner):
                         i = (rep * inner + k) % NUM_SETS
-                        if kind == "peer":
-                            gather_rows(gpu, pools[(g + 1) % num_gpus][1], gi[i], hi[i], row_bytes, unroll=4,
-                                        stream=s)
+                        if op == "peer_all":
+                            for j, h in enumerate(peers):  # an even share of the rows from each peer
+                                lo, hi_ = j * n // len(peers), (j + 1) * n // len(peers)
+                                gather_rows(gpu, pools[h][1], gi[i][lo:hi_], hi[i][lo:hi_], row_bytes, unroll=4,
+                                            stream=s)
+                        elif op == "split":
+                            _stage_and_read(gpu, src, gi[i], hi[i], stage, row_bytes, 4)
+                            gather_rows(src, stage, hi[i], ar, row_bytes, unroll=4, stream=s)
                         else:
                             exchange_rows(gpu, src, gi[i], hi[i], vic, row_bytes, unroll=4, stream=s)
                     ends.append((a, s.record()))
-            for g in range(num_gpus):
+            for g in gpus:
                 pools[g][2].synchronize()
             if rep:
-                samples.append(max(cp.cuda.get_elapsed_time(a, b) for a, b in ends) * 1e-3 / inner)
+                t = [cp.cuda.get_elapsed_time(a, b) * 1e-3 / inner for a, b in ends]
+                samples.append(max(t))
+                per.append(t)
         t = float(np.median(samples))
-        out.append({"row_bytes": row_bytes, "num_rows": n, "kind": kind, "num_gpus": num_gpus, "time_s": t,
-                    "gb_s_per_gpu": n * row_bytes / t / 1e9})
+        per_gpu = [float(x) for x in np.median(np.array(per), axis=0)]
+        out.append({"row_bytes": row_bytes, "num_rows": n, "op": op, "num_gpus": len(gpus), "gpus": list(gpus),
+                    "time_s": t, "per_gpu_s": per_gpu, "gb_s_per_gpu": n * row_bytes / t / 1e9,
+                    "gb_s_by_gpu": [n * row_bytes / x / 1e9 for x in per_gpu]})
     return out

@@ -19,6 +19,7 @@ import numpy as np
 from hw.executors import make_executor
 from hw.gpu import command_line, utc_now
 from hw.workload import Selector, to_addresses
+from sim.hardware import HOST_CAP_KEYS, concurrent_exchange_s
 from ulacache import CacheConfig, UlaCache
 
 
@@ -56,18 +57,58 @@ def _positions_to_refs(addrs: list, pos: np.ndarray) -> np.ndarray:
     return np.where(pos < 0, -1, refs)
 
 
-def predict_s(costs, plan, row_bytes: int, num_ranks: int) -> float:
-    """The cost model's management + transfer time of a plan (the ranks' transfers run in parallel)."""
+class NodeCosts:
+    """A CostModel's link functions with extra values (node-model keys a calibration holds under
+    provenance.pending_costs until the simulator's cost model knows them)."""
+
+    def __init__(self, costs, extra: dict):
+        self.costs, self.values = costs, {**costs.values, **extra}
+
+    def h2d_link_bytes(self, rows, row_bytes):
+        return self.costs.h2d_link_bytes(rows, row_bytes)
+
+    def d2h_link_bytes(self, rows, row_bytes):
+        return self.costs.d2h_link_bytes(rows, row_bytes)
+
+    def peer_s(self, rows, row_bytes):
+        return self.costs.peer_s(rows, row_bytes)
+
+
+def load_costs(path: Path | None):
+    """(CostModel, node view of it) for a calibration file (None: the simulator's defaults)."""
+    import yaml
+
+    from sim.costs import CostModel
+
+    costs = CostModel.load("h200", "glm-5", calibration=path)
+    pending = {}
+    if path is not None:
+        prov = (yaml.safe_load(Path(path).read_text()) or {}).get("provenance") or {}
+        pending = {k: v for k, v in (prov.get("pending_costs") or {}).items() if k in HOST_CAP_KEYS}
+    return costs, NodeCosts(costs, pending)
+
+
+def predict_s(costs, plan, row_bytes: int, num_ranks: int, node=None) -> float:
+    """The cost model's management + transfer time of a plan: every rank's exchange at once on the node model
+    (shared host-side caps where calibrated), then every rank's peer gathers (they read what was promoted)."""
     mgmt = costs.management_s(plan.num_refs, plan.num_unique, plan.num_misses)
-    exchange = max(costs.exchange_s(int(plan.h2d_rows_per_rank[r]), int(plan.d2h_rows_per_rank[r]), row_bytes)
-                   for r in range(num_ranks))
-    peer = max(costs.peer_s(int(plan.peer_rows_per_rank[r]), row_bytes) for r in range(num_ranks))
-    return mgmt + exchange + peer  # as executed: exchanges on all ranks, then the peer gathers (they read them)
+    R = range(num_ranks)
+    exchange, peer = concurrent_exchange_s(node or costs, row_bytes, [int(plan.h2d_rows_per_rank[r]) for r in R],
+                                           [int(plan.d2h_rows_per_rank[r]) for r in R],
+                                           [int(plan.peer_rows_per_rank[r]) for r in R])
+    return mgmt + exchange + peer
+
+
+def working_set_slots(make_selector, addrs: list, steps: int) -> int:
+    """The most distinct entries one step selects (what a TP rank's local buffer must be able to hold)."""
+    sel, most = make_selector(), 0
+    for _ in range(steps):
+        refs = _positions_to_refs(addrs, sel.step())
+        most = max(most, int(np.unique(refs[refs >= 0]).size))
+    return most
 
 
 def run(args) -> dict:
-    from sim.costs import CostModel
-
     R, q, rb = args.ranks, 1 + max(0, args.draft_tokens), args.row_bytes
     if rb % 16:
         raise ValueError(f"--row-bytes {rb}: must be a multiple of 16")
@@ -75,19 +116,26 @@ def run(args) -> dict:
     calib = Path(args.calibration) if args.calibration else None
     if calib is not None and not calib.is_file():
         raise OSError(f"calibration file not found: {calib}")
-    costs = CostModel.load("h200", "glm-5", calibration=calib)
+    costs, node = load_costs(calib)
     n, hist = args.requests, args.history
     if args.trace == "synthetic":
-        sel = Selector(n, hist, 2048, q, seed=0)
+        make_sel = lambda: Selector(n, hist, 2048, q, seed=0)
         hist_per_req = np.full(n, hist, dtype=np.int64)
     else:
-        sel = TraceSelections(args.trace, n, hist, q)
+        make_sel = lambda: TraceSelections(args.trace, n, hist, q)
+    sel = make_sel()
+    if args.trace != "synthetic":
         hist_per_req = sel.hist
     total = int(hist_per_req.sum())
     cpu_slots = -(-(total + n * args.steps + 65536) // R)
-    cache = UlaCache(CacheConfig(mode=mode, num_ranks=R, gpu_slots=args.gpu_slots, cpu_slots=cpu_slots,
-                                 policy="pb-lru", backend="numpy", local_buffer_slots=args.local_buffer_slots))
     ids = list(range(n))
+    local = args.local_buffer_slots
+    if mode == "tp" and local <= 0:  # size the local buffer from the selections' working set (addresses are dense)
+        starts = np.concatenate([[0], np.cumsum(hist_per_req)[:-1]])
+        dense = [np.arange(s, s + h, dtype=np.int64) for s, h in zip(starts.tolist(), hist_per_req.tolist())]
+        local = -(-working_set_slots(make_sel, dense, args.steps) // 4096) * 4096
+    cache = UlaCache(CacheConfig(mode=mode, num_ranks=R, gpu_slots=args.gpu_slots, cpu_slots=cpu_slots,
+                                 policy="pb-lru", backend="numpy", local_buffer_slots=max(local, 0)))
     cache.alloc_many(ids, hist_per_req.tolist(), [i % R for i in ids] if mode == "dp" else None)
     addrs = [cache.request_addresses(i) for i in ids]
     ex = make_executor(args.backend, cache, rb)
@@ -101,7 +149,7 @@ def run(args) -> dict:
         pending = []
         cache.commit(plan)
         diffs = ex.check_state()
-        pred = predict_s(costs, plan, rb, R)
+        pred = predict_s(costs, plan, rb, R, node)
         rec = {"step": step, **plan.counts(), "predicted_s": pred, "device_hits": meas.get("num_hits"),
                "mismatches": meas.get("diffs", []) + diffs}
         if "measured_s" in meas:
@@ -121,7 +169,9 @@ def run(args) -> dict:
         "date": utc_now(), "command": command_line(), "device": ex.facts(), "trace": args.trace, "ranks": R,
         "trace_meta": getattr(sel, "meta", {"generator": "hw.workload.Selector", "seed": 0}),
         "mode": mode, "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
-        "gpu_slots_per_rank": args.gpu_slots, "calibration": str(calib) if calib else None,
+        "gpu_slots_per_rank": args.gpu_slots, "local_buffer_slots_per_rank": int(local) if mode == "tp" else 0,
+        "calibration": str(calib) if calib else None,
+        "node_model": {k: node.values.get(k) for k in HOST_CAP_KEYS},
         "hits_facade": int(sum(s["num_hits"] for s in steps)),
         "hits_device": (int(sum(s["device_hits"] for s in steps)) if all(s["device_hits"] is not None for s in steps)
                         else None),

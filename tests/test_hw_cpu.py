@@ -100,3 +100,23 @@ def test_committed_results_carry_provenance():
     for path in sorted((ROOT / "hw" / "results").glob("*.json")):
         data = json.loads(path.read_text())
         assert data.get("date") and data.get("command") and data.get("device"), path.name
+
+
+def test_node_fit_recovers_a_host_cap():
+    """Points made by the node model with a known shared cap: the fit finds it and predicts every point."""
+    from hw.nodefit import fit_host_caps, predict
+
+    links = {"pcie_h2d_bw_bytes_s": 55e9, "pcie_d2h_bw_bytes_s": 55e9, "pcie_latency_s": 3e-6,
+             "nvlink_bw_bytes_s": 390e9, "nvlink_latency_s": 5e-6,
+             "h2d_row_efficiency_by_bytes": {656: 0.8, 1152: 0.9}, "d2h_row_efficiency_by_bytes": {656: 0.56,
+                                                                                                   1152: 0.62},
+             "peer_row_efficiency_by_bytes": {656: 0.8, 1152: 0.86}}
+    truth = {**links, "pcie_host_cap_bytes_s": 90e9}
+    pts = [{"op": op, "num_gpus": k, "num_rows": n, "row_bytes": rb, "time_s": predict(truth, op, k, n, rb)}
+           for op in ("read_only", "swap") for k in (1, 2, 4) for n in (32768, 131072) for rb in (656, 1152)]
+    fit = fit_host_caps(links, pts)
+    assert fit["caps"]["pcie_host_cap_bytes_s"] == pytest.approx(90e9, rel=0.03)
+    assert fit["median_rel_err"] < 0.02 and fit["error"] < fit["error_no_caps"]
+    # no sharing in the data: no cap is fitted
+    flat = [{**p, "time_s": predict(links, p["op"], p["num_gpus"], p["num_rows"], p["row_bytes"])} for p in pts]
+    assert all(v is None for v in fit_host_caps(links, flat)["caps"].values())
