@@ -51,6 +51,26 @@ class ModelSpec:
     num_experts: int
     experts_per_token: int
     routed_weight_fraction: float  # share of weight bytes in routed experts (read only when an expert is hit)
+    draft_layers: int = 1  # MTP layers of the speculative draft model (config num_nextn_predict_layers = 1)
+
+    def weight_bytes_per_gpu(self, num_gpus: int, tp_attention: bool, speculative: bool = False) -> float:
+        """Weights one GPU holds: TP attention shards everything; DP attention replicates the attention projections
+        and shards the experts (EP). With speculative decoding the MTP draft layers are loaded too: each is one
+        decoder layer (calc: weight_bytes / num_layers; DeepSeek-V3's published 14B MTP module less its own
+        embedding and head, which SGLang shares with the target, is ~12B vs 671B / 61 = 11B), sharded alike."""
+        weights, attn = float(self.weight_bytes), float(self.attn_weight_bytes)
+        if speculative:
+            weights += self.draft_layers * self.weight_bytes / self.num_layers
+            attn += self.draft_layers * self.attn_weight_bytes / self.num_layers
+        return weights / num_gpus if tp_attention else (weights - attn) / num_gpus + attn
+
+    def kv_bytes_per_token_with_draft(self, speculative: bool) -> int:
+        """KV bytes of one token slot: every layer, plus the draft model's MTP layers (their own KV) when on."""
+        return self.kv_bytes_per_token_layer * (self.num_layers + (self.draft_layers if speculative else 0))
+
+    def index_bytes_per_token_with_draft(self, speculative: bool) -> int:
+        """Index-key bytes of one token slot: indexer layers, plus the MTP layers' own indexers (a DSA layer each)."""
+        return self.index_bytes_per_token_layer * (self.num_index_groups + (self.draft_layers if speculative else 0))
 
     def group_sizes(self) -> list[int]:
         """Layers per indexer group: the first groups take one layer more when layers do not divide evenly."""
@@ -134,7 +154,7 @@ def _build(cls, presets: dict, preset: str, overrides: dict, what: str):
         else:
             value = float(value)
         if value < 0 or (value == 0 and key not in ("nvlink_latency_s", "pcie_latency_s", "kernel_launch_s",
-                                                     "attn_weight_bytes")):
+                                                     "attn_weight_bytes", "draft_layers")):
             raise ValueError(f"{what}.{key} must be positive, got {value!r}")
         clean[key] = value
     return dataclasses.replace(base, **clean)

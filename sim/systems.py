@@ -27,10 +27,8 @@ class Budget:
 def budget_for(cfg: SimConfig) -> Budget:
     """GPU KV budget = HBM - weights - reserve (unless given); CPU = host x fraction / GPUs (unless given)."""
     hw, m, n = cfg.hardware, cfg.model, cfg.num_gpus
-    if cfg.attention == "tp":
-        weights = m.weight_bytes / n
-    else:  # DP attention replicates the attention projections on every rank; experts are sharded (EP)
-        weights = (m.weight_bytes - m.attn_weight_bytes) / n + m.attn_weight_bytes
+    # TP shards all weights; DP replicates attention and shards experts (EP); + the MTP draft layer when speculating
+    weights = m.weight_bytes_per_gpu(n, cfg.attention == "tp", speculative=cfg.query_tokens > 1)
     mem = cfg.memory
     gpu = mem["gpu_kv_bytes_per_gpu"]
     if gpu is None:
@@ -106,8 +104,8 @@ class System:
 
     def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float):
         self.cfg, self.budget = cfg, budget
-        self.kv_tok = cfg.model.kv_bytes_per_token
-        self.ix_tok = cfg.model.index_bytes_per_token
+        self.kv_tok = cfg.model.kv_bytes_per_token_with_draft(cfg.query_tokens > 1)  # + the MTP layer's own KV
+        self.ix_tok = cfg.model.index_bytes_per_token_with_draft(cfg.query_tokens > 1)
         self.n = cfg.num_gpus
         self.tp = cfg.attention == "tp"
         self.q = cfg.query_tokens

@@ -184,3 +184,25 @@ def test_systems_pick_their_own_mechanism_costs():
     assert HiSparse.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(
         cm.kernel_overhead_s(1) + cm["hisparse_per_ref_s"] * 2048)
     assert System.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(cm.management_s(2048, 2048, 900))
+
+
+# ---- item 5: the MTP draft layer in the budgets
+def test_mtp_draft_layer_weights_and_kv_count_when_speculating():
+    from sim.config import build, resolve
+    from sim.systems import budget_for, make_system
+
+    m = MODEL_PRESETS["glm-5"]
+    one_layer = m.weight_bytes / m.num_layers
+    assert m.weight_bytes_per_gpu(8, True, True) - m.weight_bytes_per_gpu(8, True) == pytest.approx(one_layer / 8)
+    dp_extra = m.weight_bytes_per_gpu(8, False, True) - m.weight_bytes_per_gpu(8, False)
+    attn_layer = m.attn_weight_bytes / m.num_layers
+    assert dp_extra == pytest.approx((one_layer - attn_layer) / 8 + attn_layer)  # its attention replicated under DP
+    assert m.kv_bytes_per_token_with_draft(True) == 656 * 79 and m.kv_bytes_per_token_with_draft(False) == 656 * 78
+    assert m.index_bytes_per_token_with_draft(True) == 132 * 79
+    base = {"system": "sglang", "attention": "tp", "model": {"preset": "glm-5"}}
+    off = build(resolve(base))
+    on = build(resolve({**base, "spec": {"draft_tokens": 4}}))
+    assert budget_for(off).gpu_kv_bytes_per_gpu - budget_for(on).gpu_kv_bytes_per_gpu == pytest.approx(one_layer / 8)
+    s_off = make_system(off, budget_for(off), 80_000.0)
+    s_on = make_system(on, budget_for(on), 80_000.0)
+    assert s_on.capacity.logical_tokens_per_space < s_off.capacity.logical_tokens_per_space
