@@ -111,7 +111,7 @@ class TopkStream:
 def _kernel_on(device_id: int):
     import cupy as cp
 
-    return cp.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",)).get_function("hisparse_swapin")
+    return cp.RawKernel(_SOURCE.read_text(), "hisparse_swapin", options=("-std=c++17",))
 
 
 def smem_bytes(top_k: int, buffer_slots: int) -> int:
@@ -150,13 +150,13 @@ class DeviceSwapIn:
         from ulacache.backends.cupy_copy import ptr_of
 
         cp = self.cp
-        stream = stream or cp.cuda.get_current_stream()
-        self.fn((self.B,), (self.block,),
-                (self.topk, self.seq_lens, self.buf_tok, self.lru, self.dev_locs, self.host_locs,
-                 np.int64(self.host_locs.shape[1]), np.uint64(ptr_of(self.host)), np.uint64(ptr_of(self.dev)),
-                 self.out, self.miss, np.int32(self.K), np.int32(self.H), np.int32(self.rb // VEC_BYTES),
-                 np.int32(1 if skip_io else 0)),
-                shared_mem=self.smem, stream=stream)
+        with stream or cp.cuda.get_current_stream():
+            self.fn((self.B,), (self.block,),
+                    (self.topk, self.seq_lens, self.buf_tok, self.lru, self.dev_locs, self.host_locs,
+                     np.int64(self.host_locs.shape[1]), np.uint64(ptr_of(self.host)), np.uint64(ptr_of(self.dev)),
+                     self.out, self.miss, np.int32(self.K), np.int32(self.H), np.int32(self.rb // VEC_BYTES),
+                     np.int32(1 if skip_io else 0)),
+                    shared_mem=self.smem)
 
     def snapshot(self):
         return self.buf_tok.copy(), self.lru.copy()
