@@ -1,0 +1,90 @@
+"""`ulacache policy-compare TRACE --out DIR`: hit ratios of our policies and libCacheSim's on one layer group's
+reference stream (cheap to import; the work is in sim.policy_compare)."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+OUTPUTS = ("policy_compare.parquet", "policy_compare.csv", "policy_compare.json")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "policy-compare", help="our pb-lru/lru vs libCacheSim LRU, S3-FIFO, ARC, Belady on a trace's references",
+        description="Replays one layer group's deduplicated reference stream (see sim/policy_compare.py) through "
+        "our pb-lru and lru and, when the 'peers' extra (libcachesim) is installed, libCacheSim's LRU, S3-FIFO, ARC "
+        "and Belady's offline optimum, at each GPU pool size; writes policy_compare.parquet/.csv/.json to DIR.")
+    p.add_argument("trace", type=Path, help="trace directory (ulacache trace gen)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--group", type=int, default=None, help="layer group (default: the middle one)")
+    p.add_argument("--gpu-slots", default="20000,40000,80000", help="comma-separated GPU pool sizes (token slots)")
+    p.add_argument("--warmup-steps", type=int, default=32, help="leading engine steps not counted")
+    p.add_argument("--num-requests", type=int, default=None, help="first N requests of the trace (default all)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests decoding at once")
+    p.add_argument("--query-tokens", type=int, default=1, help="selections per request and step (spec verify)")
+    p.add_argument("--max-steps", type=int, default=256, help="engine steps replayed at most")
+    p.add_argument("--no-peers", action="store_true", help="run only our policies")
+    p.add_argument("--force", action="store_true", help="replace an earlier policy_compare in DIR")
+    p.set_defaults(func=_run)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--gpu-slots must be comma-separated integers, got {text!r}") from None
+    if not sizes or len(sizes) > 32:
+        raise ValueError(f"--gpu-slots needs 1 to 32 sizes, got {text!r}")
+    return sorted(set(sizes))
+
+
+def _run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sim.policy_compare import compare
+
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: --out exists and is not a directory")
+    if not args.force and any((out / name).exists() for name in OUTPUTS):
+        raise ValueError(f"{out}: holds an earlier policy_compare (use --force to replace it)")
+    t0 = time.perf_counter()
+    rows, meta = compare(args.trace, _sizes(args.gpu_slots), args.group, args.warmup_steps, args.num_requests,
+                         args.concurrency, args.query_tokens, args.max_steps, peers=not args.no_peers)
+    meta.update({"command": " ".join(["ulacache", *sys.argv[1:]]), "date": dt.datetime.now(dt.timezone.utc)
+                 .isoformat(timespec="seconds"), "machine": platform.node(), "load_avg": list(os.getloadavg()),
+                 "wall_s": round(time.perf_counter() - t0, 2), "rows": rows})
+    df = pd.DataFrame(rows)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = {name: out / f".{name}.tmp" for name in OUTPUTS}
+    try:
+        df.to_parquet(tmp["policy_compare.parquet"], index=False)
+        df.to_csv(tmp["policy_compare.csv"], index=False)
+        tmp["policy_compare.json"].write_text(json.dumps(meta, indent=1) + "\n")
+        for name, path in tmp.items():
+            path.replace(out / name)
+    except BaseException:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+    show = df.assign(hit_ratio=df["hit_ratio"].round(4)).pivot(index="policy", columns="gpu_slots",
+                                                                  values="hit_ratio")
+    print(f"policy-compare: group {meta['group']}, {meta['num_steps']} steps ({meta['warmup_steps']} warm-up), "
+          f"{meta['num_requests']} requests at concurrency {meta['concurrency']}; hit ratio after warm-up:")
+    print(show.to_string())
+    if meta["note"]:
+        print(f"note: {meta['note']}")
+    print(f"wrote {out / 'policy_compare.parquet'} (+ .csv, .json)")
+    return 0
