@@ -22,6 +22,9 @@ REFERENCE = {"h200": ("h200", "h200.yaml"), "b300": ("h200", "h200.yaml")}
 DERIVATIONS: dict[str, tuple[str, float]] = {
     "pcie_h2d_bw_bytes_s": ("pcie_bw_bytes_s", 1.0),
     "pcie_d2h_bw_bytes_s": ("pcie_bw_bytes_s", 1.0),
+    "pcie_host_h2d_cap_bytes_s": ("pcie_bw_bytes_s", 1.0),  # node model caps scale like the PCIe links
+    "pcie_host_d2h_cap_bytes_s": ("pcie_bw_bytes_s", 1.0),
+    "pcie_host_cap_bytes_s": ("pcie_bw_bytes_s", 1.0),
     "nvlink_bw_bytes_s": ("nvlink_bw_bytes_s", 1.0),
     "mgmt_per_ref_s": ("hbm_bw_bytes_s", -1.0),
     "mgmt_per_unique_s": ("hbm_bw_bytes_s", -1.0),

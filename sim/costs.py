@@ -22,6 +22,7 @@ _TABLE_KEYS = ("h2d_row_efficiency_by_bytes", "d2h_row_efficiency_by_bytes", "pe
                "hisparse_swapin_efficiency_by_batch")
 _FRACTION_KEYS = ("hbm_efficiency", "flops_efficiency", "h2d_row_efficiency", "d2h_row_efficiency",
                   "peer_row_efficiency", "hisparse_swapin_efficiency")
+OPTIONAL_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s")  # null = no cap
 NO_CALIBRATION = "none"  # `calibration="none"` (or `--calibration none`): the uncalibrated sim/costs.yaml defaults
 
 
@@ -100,7 +101,7 @@ class CostModel:
             if values.get(key) is None:
                 values[key] = value
         for key, value in values.items():
-            if value is None:
+            if value is None and key not in OPTIONAL_KEYS:
                 raise ValueError(f"cost key {key} has no value")
         for key in _FRACTION_KEYS:
             if not 0 < values[key] <= 1:

@@ -66,6 +66,7 @@ class StepTimer:
                 order.append(g)
             count[key] += 1
         mult = {first[k]: c for k, c in count.items()}
+        self.node.simulate(ranks)  # each simulated rank stands for num_gpus / len(ranks) GPUs on shared host caps
         totals = dict.fromkeys(PARTS, 0.0)
         elapsed = 0.0
         for g in order:

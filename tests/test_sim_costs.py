@@ -206,3 +206,14 @@ def test_mtp_draft_layer_weights_and_kv_count_when_speculating():
     s_off = make_system(off, budget_for(off), 80_000.0)
     s_on = make_system(on, budget_for(on), 80_000.0)
     assert s_on.capacity.logical_tokens_per_space < s_off.capacity.logical_tokens_per_space
+
+
+def test_node_host_caps_are_optional_and_derived_like_pcie():
+    cm = CostModel.load("h200", "glm-5")
+    assert cm["pcie_host_cap_bytes_s"] is None or cm["pcie_host_cap_bytes_s"] > 0
+    h200, b300 = HARDWARE_PRESETS["h200"], HARDWARE_PRESETS["b300"]
+    out, notes = calibration.derive({"pcie_host_h2d_cap_bytes_s": 100e9, "launch_s": 5e-6}, h200, b300)
+    assert out["pcie_host_h2d_cap_bytes_s"] == pytest.approx(100e9 * b300.pcie_bw_bytes_s / h200.pcie_bw_bytes_s)
+    assert out["launch_s"] == 5e-6 and "launch_s" not in notes
+    capped = CostModel.load("h200", "glm-5", overrides={"pcie_host_h2d_cap_bytes_s": 80e9})
+    assert capped["pcie_host_h2d_cap_bytes_s"] == 80e9
