@@ -106,7 +106,7 @@ class Driver:
         if c.policy.exclusive:  # everything the batch selected is now GPU-resident
             assert (c.locate(plan.addrs)[0] == 0).all()
         else:
-            assert (c.policy.slot_of[plan.addrs] >= 0).all()
+            assert (c.policy.resident_places(plan.addrs) >= 0).all()
         if c.buffers is not None:
             for r in range(c.config.num_ranks):
                 assert np.array_equal(c.read_local(plan.addrs, r, layer=1), self.expect[plan.addrs, 1])

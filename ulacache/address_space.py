@@ -11,38 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-class IdStack:
-    """Free list of integer ids in [lo, hi): never-used ids come out ascending, freed ids are reused LIFO.
-
-    Memory grows with the ids freed, not with the range (pools of tens of millions of slots stay cheap)."""
-
-    def __init__(self, lo: int, hi: int):
-        self.lo, self.hi, self.fresh = lo, hi, lo
-        self._buf = np.zeros(0, dtype=np.int64)
-        self._len = 0
-
-    def __len__(self) -> int:
-        return self._len + (self.hi - self.fresh)
-
-    def pop(self, n: int) -> np.ndarray:
-        if n > len(self):
-            raise AssertionError("IdStack.pop beyond capacity (callers check first)")
-        k = min(n, self._len)
-        reused = self._buf[self._len - k:self._len][::-1].copy()
-        self._len -= k
-        fresh = np.arange(self.fresh, self.fresh + (n - k), dtype=np.int64)
-        self.fresh += n - k
-        return np.concatenate([reused, fresh]) if k else fresh
-
-    def push(self, ids: np.ndarray) -> None:
-        need = self._len + ids.size
-        if need > self._buf.size:
-            grown = np.zeros(max(need, 2 * self._buf.size, 1024), dtype=np.int64)
-            grown[: self._len] = self._buf[: self._len]
-            self._buf = grown
-        self._buf[self._len:need] = ids[::-1]
-        self._len = need
+from .pools import IdStack, RankRows
 
 
 @dataclass
@@ -61,27 +30,71 @@ class Request:
 
 
 class AddressSpace:
-    """Logical ids per home rank, the address -> place table and the address -> request table."""
+    """Logical ids per home rank, the address -> place table and the address -> request table.
+
+    The tables hold rows only for the ids handed out (RankRows: rank r's addresses in row r, grown x2), so a space of
+    billions of addresses costs nothing until it is used. `index(addrs)` gives the storage position of addresses."""
 
     def __init__(self, num_ranks: int, slots_per_rank: int, num_places: int):
         self.num_ranks = num_ranks
         self.slots_per_rank = slots_per_rank
         self.size = num_ranks * slots_per_rank
         # int32 places when they fit: the translate gather is memory-bound (measured 7 ms vs 11.5 ms for 1.9M).
-        place_dtype = np.int32 if num_places < 2**31 - 1 else np.int64
-        self.phys = np.full(self.size, -1, dtype=place_dtype)
-        self.req_of = np.full(self.size, -1, dtype=np.int32)
-        self.marker = np.zeros(self.size + 1, dtype=bool)  # dedup scratch (+1: where -1 padding lands)
+        self.place_dtype = np.int32 if num_places < 2**31 - 1 else np.int64
+        self.rows = RankRows(num_ranks, slots_per_rank, slots_per_rank)
+        self.table = np.zeros(0, dtype=self.place_dtype)  # place of each address in storage, -1 unallocated
+        self.req_of = np.zeros(0, dtype=np.int32)
+        self.marker = np.zeros(1, dtype=bool)  # dedup scratch over storage (+1: where -1 padding lands)
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]
         self.requests: dict[int, Request] = {}
         self._next_index = 0
         self.num_allocated = 0
+        self.listeners: list = []  # grow(old_cap) of tables laid out like the addresses (hisparse, buffer maps)
+
+    def index(self, addrs: np.ndarray) -> np.ndarray:
+        return self.rows.index(addrs)
 
     def home(self, addrs: np.ndarray) -> np.ndarray:
         return addrs // self.slots_per_rank
 
     def free_ids(self, rank: int) -> int:
         return len(self.ids[rank])
+
+    def pop_ids(self, rank: int, n: int) -> np.ndarray:
+        """n fresh or reused addresses of a home rank (tables grown to hold them)."""
+        out = self.ids[rank].pop(n)
+        need = self.ids[rank].fresh - rank * self.slots_per_rank
+        if need > self.rows.cap:
+            old = self.rows.grow(need)
+            self.table = self.rows.relayout(self.table, old, -1)
+            self.req_of = self.rows.relayout(self.req_of, old, -1)
+            self.marker = np.zeros(self.num_ranks * self.rows.cap + 1, dtype=bool)
+            for grow in self.listeners:
+                grow(old)
+        return out
+
+    def places(self, addrs: np.ndarray) -> np.ndarray:
+        """Current place of each (allocated, in-range) address."""
+        return self.table[self.index(addrs)]
+
+    def set_places(self, addrs: np.ndarray, places: np.ndarray) -> None:
+        self.table[self.index(addrs)] = places
+
+    def allocated(self) -> np.ndarray:
+        """Every allocated address, ascending."""
+        return self.rows.ids(np.flatnonzero(self.table >= 0))
+
+    @property
+    def phys(self) -> np.ndarray:
+        """The address -> place table over the whole address space (a dense copy when storage is not the identity).
+        TODO(H6): remove after hw/ uses layout() and places()."""
+        if self.rows.identity:
+            out = np.full(self.size, -1, dtype=self.place_dtype)
+            out[: self.table.size] = self.table
+            return out
+        out = np.full((self.num_ranks, self.slots_per_rank), -1, dtype=self.place_dtype)
+        out[:, : self.rows.cap] = self.table.reshape(self.num_ranks, -1)
+        return out.ravel()
 
     def request(self, request_id: int, rank: int) -> Request:
         """The request's record, created on first use (not yet registered: call `register`)."""
@@ -96,15 +109,16 @@ class AddressSpace:
             self.requests[request_id] = req
         req.chunks.append(addrs)
         req.num_tokens += addrs.size
-        self.req_of[addrs] = req.index
+        self.req_of[self.index(addrs)] = req.index
         self.num_allocated += addrs.size
 
     def release(self, request_id: int) -> np.ndarray:
-        """Forget the request; return its addresses (their ids go back to the free lists, phys to -1)."""
+        """Forget the request; return its addresses (their ids go back to the free lists, places to -1)."""
         req = self.requests.pop(request_id)
         addrs = req.addresses()
-        self.phys[addrs] = -1
-        self.req_of[addrs] = -1
+        ix = self.index(addrs)
+        self.table[ix] = -1
+        self.req_of[ix] = -1
         homes = self.home(addrs)
         for r in np.unique(homes).tolist():  # loop over ranks
             self.ids[r].push(addrs[homes == r])

@@ -4,27 +4,38 @@ A GPU slot touched at step s (its stamp) is in ring row s % (K + 1) while its ag
 cold bitmap after that. `rotate(now)` runs once per access batch (before the access at `now`): the ring row that is
 about to hold stamp `now` still holds stamp now - K - 1, which just turned cold, so it is OR-ed into the cold bitmap
 and cleared. Eviction order (DESIGN §3): cold, then recent buckets oldest -> newest; age 0 (current) is never a
-candidate. Candidate search goes through each bitmap's summary (one bit per non-empty 64-slot word); numpy derives a
-summary per search (O(slots / 64)), a GPU kernel would keep it current with atomics. Member counts per bucket let
-the search skip empty buckets."""
+candidate.
+
+The bitmaps cover the GPU pool's storage (pools.Pool: rows per rank, grown with the slots in use) and keep their
+summaries current: every write refreshes the non-zero flag of the 64-slot words it touched (the flags are the
+hierarchical summary, one per word), so a candidate search packs the flags and reads only the words they name,
+and rotation moves only the non-zero words of the row. Member counts per bucket let the search skip empty buckets.
+"""
 from __future__ import annotations
 
 import numpy as np
 
+from .pools import Pool, pack_summary
+
 
 class BucketBitmaps:
-    def __init__(self, num_places: int, num_recent: int):
-        self.num_recent = num_recent
-        self.ring = np.zeros((num_recent + 1, num_places // 8), dtype=np.uint8)
-        self.cold = np.zeros(num_places // 8, dtype=np.uint8)
+    def __init__(self, pool: Pool, num_recent: int):
+        self.pool, self.num_recent = pool, num_recent
+        words = pool.free_nz.size
+        self.ring = np.zeros((num_recent + 1, words * 8), dtype=np.uint8)
+        self.cold = np.zeros(words * 8, dtype=np.uint8)
+        self.ring_nz = np.zeros((num_recent + 1, words), dtype=bool)  # summaries: word w of the row is non-zero
+        self.cold_nz = np.zeros(words, dtype=bool)
         # Members per bucket (ring rows, then cold): lets the candidate search skip empty buckets without a scan.
         self.count = np.zeros(num_recent + 2, dtype=np.int64)
+        pool.listeners.append(self._grow)
 
-    def copy(self) -> BucketBitmaps:
-        other = BucketBitmaps.__new__(BucketBitmaps)
-        other.num_recent, other.ring, other.cold = self.num_recent, self.ring.copy(), self.cold.copy()
-        other.count = self.count.copy()
-        return other
+    def _grow(self, old: int) -> None:
+        rows = self.pool.rows
+        self.ring = np.stack([rows.relayout(r, old, 0, 1 / 8) for r in self.ring])
+        self.ring_nz = np.stack([rows.relayout(r, old, False, 1 / 64) for r in self.ring_nz])
+        self.cold = rows.relayout(self.cold, old, 0, 1 / 8)
+        self.cold_nz = rows.relayout(self.cold_nz, old, False, 1 / 64)
 
     def row(self, stamp: int) -> int:
         return stamp % (self.num_recent + 1)
@@ -32,23 +43,38 @@ class BucketBitmaps:
     def rotate(self, now: int) -> None:
         i = self.row(now)
         if self.count[i]:
-            np.bitwise_or(self.cold, self.ring[i], out=self.cold)
-            self.ring[i] = 0
+            w = np.flatnonzero(self.ring_nz[i])  # only the row's non-zero words
+            cold, ring = self.cold.view("<u8"), self.ring[i].view("<u8")
+            cold[w] |= ring[w]
+            ring[w] = 0
+            self.cold_nz[w] = True
+            self.ring_nz[i, w] = False
             self.count[-1] += self.count[i]
             self.count[i] = 0
 
+    def _bits(self, kind: str, row: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.cold, self.cold_nz) if kind == "cold" else (self.ring[row], self.ring_nz[row])
+
+    def _store(self, kind: str, row: int, bitmap: np.ndarray, slots: np.ndarray, delta: int) -> None:
+        """Install the bitmap after a write of `slots`, refresh the touched words' summary flags, count members."""
+        w = slots >> 6
+        if kind == "cold":
+            self.cold = bitmap
+            self.cold_nz[w] = bitmap.view("<u8")[w] != 0
+            self.count[-1] += delta
+        else:
+            self.ring[row] = bitmap
+            self.ring_nz[row, w] = self.ring[row].view("<u8")[w] != 0
+            self.count[row] += delta
+
     def _write(self, be, age: int, now: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear
-        if age > self.num_recent:
-            self.cold = be.to_numpy(op(be.asarray(self.cold), be.asarray(slots)))
-            self.count[-1] += slots.size if value else -slots.size
-        else:
-            i = self.row(now - age)
-            self.ring[i] = be.to_numpy(op(be.asarray(self.ring[i]), be.asarray(slots)))
-            self.count[i] += slots.size if value else -slots.size
+        kind, row = ("cold", -1) if age > self.num_recent else ("ring", self.row(now - age))
+        bitmap = be.to_numpy(op(be.asarray(self._bits(kind, row)[0]), be.asarray(slots)))
+        self._store(kind, row, bitmap, slots, slots.size if value else -slots.size)
 
     def remove(self, be, slots: np.ndarray, stamps: np.ndarray, now: int) -> None:
-        """Take occupied slots out of whatever bucket their stamps put them in (age >= 0 at `now`)."""
+        """Take occupied slots (storage positions) out of whatever bucket their stamps put them in (age >= 0)."""
         if slots.size == 0:
             return
         ages = be.to_numpy(be.bucket_of(be.asarray(stamps), be.asarray(slots), now, self.num_recent))
@@ -67,20 +93,23 @@ class BucketBitmaps:
         """(kind, row) of the candidate bitmaps in eviction order: cold, then ages K .. 1."""
         return [("cold", -1)] + [("ring", self.row(now - age)) for age in range(self.num_recent, 0, -1)]
 
-    def get(self, kind: str, row: int) -> np.ndarray:
-        return self.cold if kind == "cold" else self.ring[row]
-
     def size(self, kind: str, row: int) -> int:
         return int(self.count[-1] if kind == "cold" else self.count[row])
 
-    def put(self, kind: str, row: int, bitmap: np.ndarray, taken: int) -> None:
-        """Install `bitmap`, the bucket's bitmap after `taken` members were claimed as replacement slots."""
-        if kind == "cold":
-            self.cold = bitmap
-            self.count[-1] -= taken
-        else:
-            self.ring[row] = bitmap
-            self.count[row] -= taken
+    def take(self, be, kind: str, row: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Claim per rank the min(counts[r], members) lowest member slots of the bucket (summary-guided search)."""
+        bitmap, nz = self._bits(kind, row)
+        bm = be.asarray(bitmap)
+        slots, found = be.select_first(bm, be.asarray(pack_summary(nz)), max(self.pool.cap, 64), be.asarray(counts))
+        slots, found = be.to_numpy(slots), be.to_numpy(found)
+        if slots.size:
+            self._store(kind, row, be.to_numpy(be.bitmap_clear(bm, be.asarray(slots))), slots, -slots.size)
+        return slots, found
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ring, cold) over the full GPU place layout (R * seg slots), for snapshots."""
+        ring = np.stack([self.pool.dense(r, 0, 1 / 8) for r in self.ring])
+        return ring, self.pool.dense(self.cold, 0, 1 / 8)
 
 
 __all__ = ["BucketBitmaps"]

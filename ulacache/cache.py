@@ -18,6 +18,7 @@ from .local_buffer import LocalBuffers
 from .plan import Plan
 from .policies import POLICIES
 
+PAYLOAD_LIMIT_BYTES = 4 << 30  # payload mode (tests, validation) keeps real bytes for every place of the budget
 STAT_KEYS = ("accesses", "replays", "references", "unique_references", "hits", "misses", "exchanges",
              "local_hits", "peer_fetches", "h2d_rows", "d2h_rows", "peer_rows")
 
@@ -49,11 +50,15 @@ class UlaCache:
         self.buffers = None
         num_places = self.policy.num_places
         if self.tp and self.policy.exclusive:
-            self.buffers = LocalBuffers(self.be, cfg.num_ranks, cfg.effective_local_buffer_slots, self.space.size,
-                                        self.space.slots_per_rank, base_place=num_places)
+            self.buffers = LocalBuffers(self.be, cfg.num_ranks, cfg.effective_local_buffer_slots, self.space,
+                                        base_place=num_places)
             num_places += self.buffers.num_places
         self._data = None
         if cfg.payload_bytes:
+            need = num_places * cfg.payload_layers * cfg.payload_bytes
+            if need > PAYLOAD_LIMIT_BYTES:
+                raise ValueError(f"payload mode stores bytes for every slot of the budget ({need / 2**30:.1f} GiB > "
+                                 f"{PAYLOAD_LIMIT_BYTES / 2**30:.0f} GiB): use smaller pools or payload_bytes 0")
             self._data = np.zeros((num_places, cfg.payload_layers, cfg.payload_bytes), dtype=np.uint8)
         self._pending: Plan | None = None
         self._last: Plan | None = None
@@ -76,6 +81,32 @@ class UlaCache:
             if hi >= self.space.size:
                 raise ValueError(f"{what} holds {hi}: beyond the address space of {self.space.size}")
         return a
+
+    def _storage_index(self, a: np.ndarray, what: str, allow_padding: bool) -> np.ndarray:
+        """Storage positions of in-range addresses (-1 padding kept); ValueError for one never handed out."""
+        rows = self.space.rows
+        if rows.identity:
+            if a.size and int(a.max()) >= self.space.table.size:
+                raise ValueError(f"{what} holds unallocated address {int(a.max())}")
+            return a
+        home = a // rows.stride
+        local = a - home * rows.stride
+        ix = home * rows.cap + local
+        if allow_padding:
+            pad = a < 0
+            bad = (local >= rows.cap) & ~pad
+            ix[pad] = -1
+        else:
+            bad = local >= rows.cap
+        if bad.any():
+            raise ValueError(f"{what} holds unallocated address {int(a[np.flatnonzero(bad)[0]])}")
+        return ix
+
+    def _places(self, a: np.ndarray, what: str) -> np.ndarray:
+        """Current places of valid, allocated addresses (int64)."""
+        places = self.space.table[self._storage_index(a, what, allow_padding=False)].astype(np.int64)
+        self._check_allocated(a, places, what)
+        return places
 
     def _check_allocated(self, addrs: np.ndarray, places: np.ndarray, what: str) -> None:
         bad = np.flatnonzero(places < 0)
@@ -146,11 +177,13 @@ class UlaCache:
             if self.tp:
                 raise ValueError("rank must be None in TP mode: every rank executes the batch")
             rank = self._rank(rank)
-        be = self.be
-        uniq, marker = be.dedup(be.asarray(flat), be.asarray(self.space.marker))
-        self.space.marker = be.to_numpy(marker)
-        uniq = be.to_numpy(uniq)
-        places = be.to_numpy(be.gather(be.asarray(self.space.phys), be.asarray(uniq)))
+        be, space = self.be, self.space
+        ix = self._storage_index(flat, "selected", allow_padding=True)
+        uix, marker = be.dedup(be.asarray(ix), be.asarray(space.marker))
+        space.marker = be.to_numpy(marker)
+        uix = be.to_numpy(uix)
+        places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
+        uniq = space.rows.ids(uix)
         self._check_allocated(uniq, places, "selected")
         if rank is not None and uniq.size:
             homes = self.space.home(uniq[[0, -1]])
@@ -232,8 +265,7 @@ class UlaCache:
     def locate(self, addrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tier int8: 0 GPU / 1 CPU, rank, slot) of each address's current place (hisparse: its CPU entry)."""
         a = self._addresses(addrs, "addrs", allow_padding=False)
-        places = self.space.phys[a].astype(np.int64)
-        self._check_allocated(a, places, "addrs")
+        places = self._places(a, "addrs")
         pol = self.policy
         on_cpu = places >= pol.num_gpu_places
         cpu_local = places - pol.num_gpu_places
@@ -287,7 +319,7 @@ class UlaCache:
         # Token rows held right now, every rank: entries (pb-lru/lru) or copies (hisparse buffers, replicas).
         gpu_rows, cpu_rows = self.policy.held_rows()
         out["gpu_rows_held"], out["cpu_rows_held"] = gpu_rows, cpu_rows
-        out["local_buffer_rows_held"] = int((self.buffers.owner >= 0).sum()) if self.buffers is not None else 0
+        out["local_buffer_rows_held"] = self.buffers.held() if self.buffers is not None else 0
         out["physical_rows_held"] = gpu_rows + cpu_rows + out["local_buffer_rows_held"]
         return out
 
@@ -296,9 +328,7 @@ class UlaCache:
         if self._data is None:
             raise ValueError("payloads need payload_bytes > 0 in the CacheConfig")
         a = self._addresses(addrs, what, allow_padding=False)
-        places = self.space.phys[a]
-        self._check_allocated(a, places, what)
-        return a, places
+        return a, self._places(a, what)
 
     def _layer(self, layer) -> int:
         layer = _int_scalar(layer, "layer")
@@ -330,9 +360,9 @@ class UlaCache:
         """(index into a, places) of GPU copies that duplicate the authoritative entries."""
         if self.buffers is not None:
             yield self.buffers.copies(a)
-        slot_of = getattr(self.policy, "slot_of", None)
-        if slot_of is not None:
-            g = slot_of[a]
+        resident = getattr(self.policy, "resident_places", None)
+        if resident is not None:
+            g = resident(a)
             held = np.flatnonzero(g >= 0)
             yield held, g[held]
 
@@ -356,12 +386,12 @@ class UlaCache:
         copies (hisparse buffers, TP local buffers) identical to their authoritative entries in payload mode."""
         self.policy.check_invariants()
         if self.buffers is not None:
-            self.buffers.check(self.space.phys)
+            self.buffers.check()
         if self._data is not None:
-            a = np.flatnonzero(self.space.phys >= 0)
+            a = self.space.allocated()
             for idx, copies in self._copies(a):
                 for layer in sorted(self._last.layers_done if self._last else {0}):
-                    same = (self._data[copies, layer] == self._data[self.space.phys[a[idx]], layer]).all()
+                    same = (self._data[copies, layer] == self._data[self.space.places(a[idx]), layer]).all()
                     require(same, "a cached copy differs from its entry")
 
 

@@ -6,7 +6,8 @@ from their home rank's GPU pool (after any promotion from CPU) over NVLink (`num
 receiving rank). Replacement per rank: free buffer slots first (lowest first), then exact LRU over buffer slots not
 used by this batch, by (last-use step, slot); the i-th miss of a rank (ascending address) takes the i-th slot.
 Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: a dense
-table when small, else a hash table sized by the buffer).
+table when small, else a hash table). The slots live in a `pools.Pool` (storage grows with the copies held; the
+free-then-LRU replacement is the pool's, shared with the exact-LRU policy).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from .errors import CapacityError, require
 from .plan import Plan
-from .pools import pad64
+from .pools import Pool
 from .slot_map import make_slot_maps
 
 
@@ -25,27 +26,22 @@ class _BufState:
     hit_places: np.ndarray  # buffer-local places (rank r's slot s is r * seg + s)
     miss_addrs: np.ndarray  # grouped by rank
     counts: np.ndarray  # misses per rank
-    dests: np.ndarray
+    dests: np.ndarray  # buffer-local places
     victims: np.ndarray
-    free_bm: np.ndarray
+    hit_idx: np.ndarray  # pool storage positions of the hits and the dests
+    dest_idx: np.ndarray
 
 
 class LocalBuffers:
-    def __init__(self, be, num_ranks: int, slots: int, space_size: int, slots_per_rank: int, base_place: int,
-                 dense_limit: int | None = None):
+    def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_limit: int | None = None):
         self.be, self.R, self.slots = be, num_ranks, slots
-        self.seg = pad64(slots)
-        self.num_places = num_ranks * self.seg
+        self.pool = Pool(num_ranks, slots)  # buffer-local places r * seg + s
+        self.seg = self.pool.seg
+        self.num_places = self.pool.num_places
         self.base = base_place  # unified place of buffer-local place 0
-        self.slots_per_rank = slots_per_rank
-        self.maps = make_slot_maps(num_ranks, space_size, slots, dense_limit)
-        self.owner = np.full(self.num_places, -1, dtype=np.int64)
-        self.stamps = np.zeros(self.num_places, dtype=np.int64)
-        valid = np.zeros(self.num_places, dtype=bool)
-        for r in range(num_ranks):
-            valid[r * self.seg:r * self.seg + slots] = True
-        self.valid = valid
-        self.free_bm = np.packbits(valid, bitorder="little")
+        self.space = space
+        self.slots_per_rank = space.slots_per_rank
+        self.maps = make_slot_maps(num_ranks, space, slots, dense_limit)
 
     def remote(self, uniq: np.ndarray, r: int) -> np.ndarray:
         """Indices into `uniq` (ascending addresses) of the addresses not homed on rank r: all but one slice."""
@@ -53,7 +49,7 @@ class LocalBuffers:
         return np.concatenate([np.arange(lo, dtype=np.int64), np.arange(hi, uniq.size, dtype=np.int64)])
 
     def plan(self, plan: Plan, old_places: np.ndarray) -> None:
-        be, R, uniq = self.be, self.R, plan.addrs
+        be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
         hits, miss_idx = [], []
         for r in range(R):  # loop over ranks
             rem = self.remote(uniq, r)
@@ -68,19 +64,10 @@ class LocalBuffers:
         counts = np.array([m.size for m in miss_idx], dtype=np.int64)
         hit_places, miss_idx = np.concatenate(hits), np.concatenate(miss_idx)
         miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
-        bm = be.asarray(self.free_bm.copy())
-        s0, f0 = be.select_first(bm, be.summary(bm), self.seg, be.asarray(counts))
-        s0, f0 = be.to_numpy(s0), be.to_numpy(f0)
-        free_bm = be.to_numpy(be.bitmap_clear(bm, be.asarray(s0)))
-        dests = s0
-        rest = counts - f0
-        if rest.any():
-            eligible = self.owner >= 0
-            eligible[hit_places] = False
-            s1, _ = be.lru_select(be.asarray(self.stamps), be.asarray(eligible), self.seg, be.asarray(rest))
-            dests = np.concatenate([s0, be.to_numpy(s1)])
-            if R > 1 and s0.size:
-                dests = dests.take(np.argsort(dests // self.seg, kind="stable"))
+        pool.reserve(counts)  # any storage growth before positions are taken
+        hit_idx = pool.idx(hit_places)
+        dest_idx, _ = pool.select_free_then_lru(be, counts, hit_idx)
+        dests = pool.places(dest_idx)
         # The fetch reads the entry where it is now (its CPU place if it is being promoted: the same bytes).
         src = old_places.take(miss_idx)
         plan.num_local_hits = int(hit_places.size)
@@ -88,29 +75,27 @@ class LocalBuffers:
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, dests, self.owner.take(dests), free_bm)
+        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, dests, pool.owner.take(dest_idx), hit_idx,
+                                      dest_idx)
 
     def commit(self, plan: Plan) -> None:
-        st = plan.buffer_state
+        st, pool = plan.buffer_state, self.pool
         ends = np.cumsum(st.counts)
         for r in range(self.R):  # loop over ranks: each rank's misses, dests and victims are one slice
             sl = slice(int(ends[r] - st.counts[r]), int(ends[r]))
             v = st.victims[sl]
             self.maps[r].delete(v.take(np.flatnonzero(v >= 0)))
             self.maps[r].set(st.miss_addrs[sl], st.dests[sl] - r * self.seg)
-        self.owner[st.dests] = st.miss_addrs
-        self.stamps[st.hit_places] = plan.now
-        self.stamps[st.dests] = plan.now
-        self.free_bm = st.free_bm
+        pool.owner[st.dest_idx] = st.miss_addrs
+        pool.stamps[st.hit_idx] = plan.now
+        pool.stamps[st.dest_idx] = plan.now
 
     def invalidate(self, addrs: np.ndarray) -> None:
         """Drop every rank's copies of freed addresses."""
         for r in range(self.R):  # loop over ranks
             bs = self.maps[r].get(addrs)
             held = np.flatnonzero(bs >= 0)
-            places = bs.take(held) + r * self.seg
-            self.owner[places] = -1
-            self.free_bm = self.be.to_numpy(self.be.bitmap_set(self.be.asarray(self.free_bm), self.be.asarray(places)))
+            self.pool.give_back(self.be, self.pool.idx(bs.take(held) + r * self.seg))
             self.maps[r].delete(addrs.take(held))
 
     def slots_of(self, addrs: np.ndarray, r: int) -> np.ndarray:
@@ -127,14 +112,23 @@ class LocalBuffers:
             places.append(self.base + r * self.seg + bs.take(held))
         return np.concatenate(idx), np.concatenate(places)
 
-    def check(self, phys: np.ndarray) -> None:
-        occ = np.flatnonzero(self.owner >= 0)
-        require(not (self.owner[~self.valid] >= 0).any(), "local-buffer padding slot used")
-        free_bits = np.unpackbits(self.free_bm, bitorder="little").view(bool)
-        require((free_bits == (self.valid & (self.owner < 0))).all(), "local-buffer free bitmap disagrees with owners")
+    def held(self) -> int:
+        """Copies held now, all ranks."""
+        return int(np.count_nonzero(self.pool.owner >= 0))
+
+    @property
+    def owner(self) -> np.ndarray:
+        """Owner of each buffer-local place (dense over R * seg). TODO(H6): remove after hw/ uses layout()."""
+        return self.pool.dense(self.pool.owner, -1)
+
+    def check(self) -> None:
+        pool = self.pool
+        pool.check(require, "local-buffer")
+        occ_idx = np.flatnonzero(pool.owner >= 0)
+        occ = pool.places(occ_idx)
         rank = occ // self.seg
-        owners = self.owner[occ]
-        require((phys[owners] >= 0).all(), "a local buffer holds a copy of a freed address")
+        owners = pool.owner[occ_idx]
+        require((self.space.places(owners) >= 0).all(), "a local buffer holds a copy of a freed address")
         require((owners // self.slots_per_rank != rank).all(), "a local buffer holds a copy of an entry homed there")
         for r in range(self.R):  # loop over ranks
             sel = rank == r

@@ -1,39 +1,238 @@
-"""Physical pools: per-rank GPU pools (free bitmap, owners, recency stamps) and per-rank CPU pools (free lists)."""
+"""Storage that grows with what is in use (issue 10): rank-row tables, free lists, and the one slot-pool class.
+
+A pool or table over `num_ranks` ranges of ids (rank r's ids are [r * stride, r * stride + limit)) stores rank r's
+first `cap` ids in row r of an (R, cap) array; `cap` grows geometrically as higher ids come into use, so memory
+follows the high-water mark of the ids handed out (free lists hand out the lowest ids first), never the budget.
+`RankRows.index(ids)` maps ids to storage positions (the identity with one rank or once cap == stride).
+
+`Pool` is the slot pool of every slot kind: GPU pools (pb-lru, lru), TP local buffers. It keeps, per slot in
+storage, the owner (address held, -1 none), the recency stamp (step of the last touch) and a free bitmap with a
+summary (one flag per 64-slot word, updated incrementally by every write) so free-slot search reads only the words
+it needs. Replacement: `take_free` (lowest free slots per rank) and `select_free_then_lru` (exact LRU by
+(stamp, slot) over occupied slots not protected by the batch) -- the exact-LRU policy and the local buffers share it.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from .address_space import IdStack
+GROW_FLOOR = 1024  # smallest storage row (slots or ids per rank)
 
 
 def pad64(n: int) -> int:
     return -(-n // 64) * 64
 
 
-class GpuPools:
-    """All ranks' GPU pools as one array of places; rank r owns [r * seg, r * seg + slots) (seg = slots padded to 64).
+def pack_summary(nonzero: np.ndarray) -> np.ndarray:
+    """The backends' summary bitmap from per-word non-zero flags (bit w set <=> word w non-zero, padded to 64 bits)."""
+    pad = (-nonzero.size) % 64
+    if pad:
+        nonzero = np.concatenate([nonzero, np.zeros(pad, dtype=bool)])
+    return np.packbits(nonzero, bitorder="little")
 
-    `owner[p]` is the address held by place p (-1 free or padding); `stamps[p]` the step of its last touch;
-    `free_bm` the free-slot bitmap (padding bits are never set)."""
 
-    def __init__(self, num_ranks: int, slots: int):
-        self.num_ranks, self.slots, self.seg = num_ranks, slots, pad64(slots)
+class IdStack:
+    """Free list of integer ids in [lo, hi): never-used ids come out ascending, freed ids are reused LIFO.
+
+    Memory grows with the ids freed, not with the range (pools of tens of millions of slots stay cheap)."""
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi, self.fresh = lo, hi, lo
+        self._buf = np.zeros(0, dtype=np.int64)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len + (self.hi - self.fresh)
+
+    def pop(self, n: int) -> np.ndarray:
+        if n > len(self):
+            raise AssertionError("IdStack.pop beyond capacity (callers check first)")
+        k = min(n, self._len)
+        reused = self._buf[self._len - k:self._len][::-1].copy()
+        self._len -= k
+        fresh = np.arange(self.fresh, self.fresh + (n - k), dtype=np.int64)
+        self.fresh += n - k
+        return np.concatenate([reused, fresh]) if k else fresh
+
+    def push(self, ids: np.ndarray) -> None:
+        need = self._len + ids.size
+        if need > self._buf.size:
+            grown = np.zeros(max(need, 2 * self._buf.size, 1024), dtype=np.int64)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len:need] = ids[::-1]
+        self._len = need
+
+
+class RankRows:
+    """Rank r's ids [r * stride, r * stride + limit) kept in row r of (R, cap) storage; cap grows x2 up to limit
+    (a multiple of 64 while limit is). Callers re-lay their arrays with `relayout` when `grow` says so."""
+
+    def __init__(self, num_ranks: int, stride: int, limit: int, floor: int = GROW_FLOOR):
+        self.R, self.stride, self.limit, self.cap, self.floor = num_ranks, stride, limit, 0, floor
+
+    @property
+    def identity(self) -> bool:
+        return self.R == 1 or self.cap == self.stride
+
+    def index(self, ids: np.ndarray) -> np.ndarray:
+        """Storage positions of ids (>= 0, below the row's cap)."""
+        if self.identity:
+            return ids
+        return ids + (ids // self.stride) * (self.cap - self.stride)
+
+    def ids(self, index: np.ndarray) -> np.ndarray:
+        if self.identity:
+            return index
+        return index + (index // self.cap) * (self.stride - self.cap)
+
+    def grow(self, need: int) -> int:
+        """Make cap >= need (need <= limit); returns the old cap (== cap when nothing changed)."""
+        old = self.cap
+        if need > old:
+            cap = max(self.floor, 2 * old, need)
+            cap = pad64(cap) if self.limit % 64 == 0 else cap
+            self.cap = min(cap, self.limit)
+        return old
+
+    def relayout(self, arr: np.ndarray, old: int, fill, per_id: float = 1) -> np.ndarray:
+        """`arr` (R rows of old * per_id elements, trailing dims kept) re-laid to rows of cap * per_id elements."""
+        o, n = int(old * per_id), int(self.cap * per_id)
+        trail = arr.shape[1:]
+        out = np.full((self.R, n, *trail), fill, dtype=arr.dtype)
+        if o:
+            out[:, :o] = arr.reshape(self.R, o, *trail)
+        return out.reshape(self.R * n, *trail)
+
+
+class Pool:
+    """R ranks x `slots` slots; rank r's slot s is place base + r * seg + s (seg = slots padded to 64).
+
+    Storage (by `idx`, see RankRows): `owner` (address, -1 free), `stamps` (last-touch step), `free_bm` (free
+    bitmap, bits of padding slots never set) with `free_nz` (its non-zero words). `num_free` are the committed free
+    counts per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
+
+    def __init__(self, num_ranks: int, slots: int, base: int = 0):
+        self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
         self.num_places = num_ranks * self.seg
-        self.owner = np.full(self.num_places, -1, dtype=np.int64)
-        self.stamps = np.zeros(self.num_places, dtype=np.int64)
-        valid = np.zeros(self.num_places, dtype=bool)
-        for r in range(num_ranks):
-            valid[r * self.seg:r * self.seg + slots] = True
-        self.valid = valid
-        self.free_bm = np.packbits(valid, bitorder="little")
+        self.rows = RankRows(num_ranks, self.seg, self.seg)
+        self.owner = np.zeros(0, dtype=np.int64)
+        self.stamps = np.zeros(0, dtype=np.int64)
+        self.free_bm = np.zeros(0, dtype=np.uint8)
+        self.free_nz = np.zeros(0, dtype=bool)
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
+        self.in_use = np.zeros(num_ranks, dtype=np.int64)
+        self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
 
-    def rank_of(self, places: np.ndarray) -> np.ndarray:
-        return places // self.seg
+    @property
+    def cap(self) -> int:
+        return self.rows.cap
+
+    # -- layout --------------------------------------------------------------------------------------------------------
+    def idx(self, places: np.ndarray) -> np.ndarray:
+        return self.rows.index(places - self.base if self.base else places)
+
+    def places(self, idx: np.ndarray) -> np.ndarray:
+        p = self.rows.ids(idx)
+        return p + self.base if self.base else p
+
+    def rank_of_idx(self, idx: np.ndarray) -> np.ndarray:
+        return idx // max(self.cap, 1)
+
+    def reserve(self, extra: np.ndarray) -> None:
+        """Grow storage so that `extra[r]` more slots of each rank can be taken lowest-first."""
+        need = min(int((self.in_use + extra).max()), self.seg)
+        if need <= self.cap:
+            return
+        old = self.rows.grow(need)
+        self.owner = self.rows.relayout(self.owner, old, -1)
+        self.stamps = self.rows.relayout(self.stamps, old, 0)
+        self.free_bm = self.rows.relayout(self.free_bm, old, 0, 1 / 8)
+        self.free_nz = self.rows.relayout(self.free_nz, old, False, 1 / 64)
+        fresh = (np.arange(self.cap) >= old) & (np.arange(self.cap) < self.slots)  # new valid slots are free
+        row = np.packbits(fresh, bitorder="little")
+        bm = self.free_bm.reshape(self.R, -1)
+        bm |= row
+        nz = self.free_nz.reshape(self.R, -1)
+        nz |= row.view("<u8") != 0
+        for grow in self.listeners:
+            grow(old)
+
+    # -- free slots ----------------------------------------------------------------------------------------------------
+    def summary(self) -> np.ndarray:
+        return pack_summary(self.free_nz)
+
+    def _write_free(self, be, idx: np.ndarray, value: bool) -> None:
+        op = be.bitmap_set if value else be.bitmap_clear
+        self.free_bm = be.to_numpy(op(be.asarray(self.free_bm), be.asarray(idx)))
+        w = idx >> 6
+        self.free_nz[w] = self.free_bm.view("<u8")[w] != 0
+
+    def take_free(self, be, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """min(counts[r], free) lowest free slots of each rank, as storage idx grouped by rank; and found[r]."""
+        self.reserve(counts)
+        bm = be.asarray(self.free_bm)
+        s, found = be.select_first(bm, be.asarray(self.summary()), max(self.cap, 64), be.asarray(counts))
+        s, found = be.to_numpy(s), be.to_numpy(found)
+        if s.size:
+            self._write_free(be, s, False)
+            self.in_use += found
+        return s, found
+
+    def give_back(self, be, idx: np.ndarray) -> None:
+        """Free taken slots (owners cleared)."""
+        if idx.size == 0:
+            return
+        self.owner[idx] = -1
+        self._write_free(be, idx, True)
+        self.in_use -= np.bincount(self.rank_of_idx(idx), minlength=self.R)
+
+    def lru_select(self, be, counts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank, the counts[r] occupied slots (not in `protected`) with the smallest (stamp, slot), as idx."""
+        eligible = self.owner >= 0
+        eligible[protected] = False
+        s, f = be.lru_select(be.asarray(self.stamps), be.asarray(eligible), max(self.cap, 64), be.asarray(counts))
+        return be.to_numpy(s), be.to_numpy(f)
+
+    def select_free_then_lru(self, be, counts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Replacement slots (idx) grouped by rank: free slots (lowest first), then exact LRU among occupied slots
+        not protected. Free slots are claimed now; returns (idx, found per rank)."""
+        s0, f0 = self.take_free(be, counts)
+        rest = counts - f0
+        if not rest.any():
+            return s0, f0
+        s1, f1 = self.lru_select(be, rest, protected)
+        dests = np.concatenate([s0, s1])
+        if self.R > 1 and s0.size:
+            dests = dests.take(np.argsort(self.rank_of_idx(dests), kind="stable"))
+        return dests, f0 + f1
+
+    # -- views -------------------------------------------------------------------------------------------------------
+    def dense(self, arr: np.ndarray, fill, per_id: float = 1) -> np.ndarray:
+        """`arr` (laid out like storage) as the full (R * seg) layout by place - base (for snapshots and checks)."""
+        n, c = int(self.seg * per_id), int(self.cap * per_id)
+        trail = arr.shape[1:]
+        out = np.full((self.R, n, *trail), fill, dtype=arr.dtype)
+        if c:
+            out[:, :c] = arr.reshape(self.R, c, *trail)
+        return out.reshape(self.R * n, *trail)
+
+    def valid(self) -> np.ndarray:
+        """Storage mask of real (non-padding) slots."""
+        return np.tile(np.arange(self.cap) < self.slots, self.R)
+
+    def check(self, require, what: str) -> None:
+        free_bits = np.unpackbits(self.free_bm, bitorder="little").view(bool)
+        valid = self.valid()
+        require(not (self.owner[~valid] >= 0).any(), f"{what} padding slot used")
+        require((free_bits == (valid & (self.owner < 0))).all(), f"{what} free bitmap disagrees with owners")
+        require((self.free_nz == (self.free_bm.view("<u8") != 0)).all(), f"{what} free summary is stale")
+        used = np.bincount(self.rank_of_idx(np.flatnonzero(self.owner >= 0)), minlength=self.R)
+        require((used == self.in_use).all(), f"{what} in-use count drifted")
 
 
 class CpuPools:
-    """All ranks' CPU pools; rank r's slot c is place base + r * slots + c; free lists per rank."""
+    """All ranks' CPU pools; rank r's slot c is place base + r * slots + c; free lists per rank (no per-slot
+    metadata: memory follows the slots freed)."""
 
     def __init__(self, num_ranks: int, slots: int, base: int):
         self.num_ranks, self.slots, self.base = num_ranks, slots, base
@@ -48,8 +247,11 @@ class CpuPools:
 
     def release(self, places: np.ndarray) -> None:
         ranks = self.rank_of(places)
+        if self.num_ranks == 1:
+            self.free[0].push(places)
+            return
         for r in np.unique(ranks).tolist():  # loop over ranks
             self.free[r].push(places[ranks == r])
 
 
-__all__ = ["CpuPools", "GpuPools", "pad64"]
+__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "Pool", "RankRows", "pack_summary", "pad64"]

@@ -1,7 +1,8 @@
 """Address -> slot maps for the TP local buffers: a dense table when it is small, else an open-addressing hash table.
 
-A dense int32 table over the whole address space per rank is the fastest lookup, but costs 4 bytes x addresses x
-ranks (8 ranks over 56M addresses: 1.8 GB). The hash table costs ~24 bytes per buffer slot instead. Both hold at most
+A dense int32 table over the addresses in use (it follows the address space's storage rows, grown as addresses are
+handed out) is the fastest lookup, but costs 4 bytes x addresses x ranks (8 ranks over 56M addresses: 1.8 GB). The
+hash table costs ~24 bytes per copy held instead (it starts small and doubles). Both hold at most
 `capacity` entries and answer vectorized batches (no Python loop over keys: the hash probes all pending keys of a
 batch together, one linear-probing step per iteration).
 """
@@ -15,29 +16,36 @@ _MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
 
 class DenseSlotMap:
-    def __init__(self, space_size: int, capacity: int):
-        self.table = np.full(space_size, -1, dtype=np.int32)
+    """Keys are allocated addresses of `space` (an AddressSpace); the table follows its storage rows."""
+
+    def __init__(self, space, capacity: int = 0):
+        self.space = space
+        self.table = np.full(space.table.size, -1, dtype=np.int32)
+        space.listeners.append(self._grow)
+
+    def _grow(self, old: int) -> None:
+        self.table = self.space.rows.relayout(self.table, old, -1)
 
     def get(self, addrs: np.ndarray) -> np.ndarray:
-        return self.table.take(addrs).astype(np.int64)
+        return self.table.take(self.space.index(addrs)).astype(np.int64)
 
     def set(self, addrs: np.ndarray, slots: np.ndarray) -> None:
-        self.table[addrs] = slots
+        self.table[self.space.index(addrs)] = slots
 
     def delete(self, addrs: np.ndarray) -> None:
-        self.table[addrs] = -1
+        self.table[self.space.index(addrs)] = -1
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.flatnonzero(self.table >= 0)
-        return keys, self.table[keys].astype(np.int64)
+        at = np.flatnonzero(self.table >= 0)
+        return self.space.rows.ids(at), self.table[at].astype(np.int64)
 
 
 class HashSlotMap:
     """Linear probing over a power-of-two table at most half full (deleted keys leave tombstones; the table is
     rebuilt when live keys plus tombstones pass 3/4). Keys are distinct non-negative addresses."""
 
-    def __init__(self, space_size: int, capacity: int):
-        self.bits = max(6, int(np.ceil(np.log2(max(2 * capacity, 2)))))
+    def __init__(self, capacity: int = 0):
+        self.bits = max(6, int(np.ceil(np.log2(max(2 * min(capacity, 512), 2)))))  # grows with the keys held
         self._alloc()
 
     def _alloc(self) -> None:
@@ -120,13 +128,14 @@ class HashSlotMap:
         return self.keys[at][order], self.vals[at][order]
 
 
-def make_slot_maps(num_ranks: int, space_size: int, capacity: int, dense_limit: int | None = None) -> list:
-    """One map per rank: dense while num_ranks x space_size x 4 bytes <= dense_limit (default DENSE_LIMIT_BYTES,
+def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int | None = None) -> list:
+    """One map per rank: dense while num_ranks x space.size x 4 bytes <= dense_limit (default DENSE_LIMIT_BYTES,
     read at call time), else hash maps."""
     if dense_limit is None:
         dense_limit = DENSE_LIMIT_BYTES
-    cls = DenseSlotMap if num_ranks * space_size * 4 <= dense_limit else HashSlotMap
-    return [cls(space_size, capacity) for _ in range(num_ranks)]
+    if num_ranks * space.size * 4 <= dense_limit:
+        return [DenseSlotMap(space, capacity) for _ in range(num_ranks)]
+    return [HashSlotMap(capacity) for _ in range(num_ranks)]
 
 
 __all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMap", "HashSlotMap", "make_slot_maps"]

@@ -2,7 +2,9 @@
 
 Capacity per rank is gpu_slots + cpu_slots. New tokens go GPU-first. An access batch's misses are promoted into
 replacement GPU slots chosen by the subclass (`_select`); a slot's victim moves to the CPU slot the incoming entry
-vacates (a swap, DESIGN §4). Nothing changes until `commit`.
+vacates (a swap, DESIGN §4). The mapping and the owners change only at `commit`; the replacement slots are
+claimed (free bitmap, recency buckets) when the plan is made, so a pending plan must be committed (the facade refuses
+anything else meanwhile). Pool storage grows with the slots in use (pools.Pool); `gidx` names storage positions.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 from ..address_space import AddressSpace, water_fill
 from ..errors import CapacityError, require
 from ..plan import Plan
-from ..pools import CpuPools, GpuPools
+from ..pools import CpuPools, Pool
 
 
 def interleave(quota: np.ndarray) -> np.ndarray:
@@ -33,7 +35,8 @@ class ExchangeState:
     miss_src: np.ndarray  # CPU places the misses leave (victims go there)
     dests: np.ndarray  # GPU places the misses go to
     victims: np.ndarray  # previous owner of each dest, -1 = the slot was free
-    selection: object  # policy-specific post-access bookkeeping
+    hit_gidx: np.ndarray  # GPU pool storage positions of the hits
+    dest_gidx: np.ndarray  # ... and of the dests
 
 
 class ExclusivePolicy:
@@ -42,7 +45,7 @@ class ExclusivePolicy:
     def __init__(self, cfg, be):
         self.cfg, self.be = cfg, be
         R = cfg.num_ranks
-        self.gpu = GpuPools(R, cfg.gpu_slots)
+        self.gpu = Pool(R, cfg.gpu_slots)
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.gpu.num_places)
         self.num_places = self.gpu.num_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots, self.num_places)
@@ -92,7 +95,7 @@ class ExclusivePolicy:
             idx = np.flatnonzero(tok_rank == r)
             if idx.size == 0:
                 continue
-            addrs[idx] = self.space.ids[r].pop(idx.size)
+            addrs[idx] = self.space.pop_ids(r, idx.size)
             if not tp:
                 tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
             g_counts[r] = int(tok_gpu[idx].sum())
@@ -101,16 +104,13 @@ class ExclusivePolicy:
             self.pending_d2h[r] += ci.size
         gi = np.flatnonzero(tok_gpu)
         gi = gi[np.argsort(tok_rank[gi], kind="stable")]  # grouped by rank, like select_first's output
-        summary = be.summary(be.asarray(self.gpu.free_bm))
-        gslots, _ = be.select_first(be.asarray(self.gpu.free_bm), summary, self.gpu.seg, be.asarray(g_counts))
-        gslots = be.to_numpy(gslots)
-        places[gi] = gslots
-        self.gpu.free_bm = be.to_numpy(be.bitmap_clear(be.asarray(self.gpu.free_bm), be.asarray(gslots)))
+        gidx, _ = self.gpu.take_free(be, g_counts)
+        places[gi] = self.gpu.places(gidx)
         self.gpu.num_free -= g_counts
-        self.gpu.owner[gslots] = addrs[gi]
-        self.gpu.stamps[gslots] = self.step
-        self._on_alloc(gslots)
-        self.space.phys[addrs] = places
+        self.gpu.owner[gidx] = addrs[gi]
+        self.gpu.stamps[gidx] = self.step
+        self._on_alloc(gidx)
+        self.space.set_places(addrs, places)
         offsets = np.concatenate([[0], np.cumsum(counts)])
         for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
             req = self.space.request(rid, int(ranks[i]) if not tp else 0)
@@ -131,7 +131,7 @@ class ExclusivePolicy:
             order = np.argsort(miss_rank, kind="stable")
             miss_addrs, miss_src, miss_rank = miss_addrs[order], miss_src[order], miss_rank[order]
             m_counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
-            h_counts = np.bincount(gpu.rank_of(hit_places), minlength=R).astype(np.int64)
+            h_counts = np.bincount(hit_places // gpu.seg, minlength=R).astype(np.int64)
         else:
             m_counts = np.array([miss_addrs.size], dtype=np.int64)
             h_counts = np.array([hit_places.size], dtype=np.int64)
@@ -142,8 +142,11 @@ class ExclusivePolicy:
                 f"access batch needs {int(m_counts[r] + h_counts[r])} distinct entries in rank {r}'s GPU pool "
                 f"of {self.cfg.gpu_slots} slots"
             )
-        dests, selection = self._select(hit_places, m_counts, now)
-        victims = gpu.owner[dests]
+        gpu.reserve(m_counts)  # any storage growth before positions are taken
+        hit_gidx = gpu.idx(hit_places)
+        dest_gidx = self._select(hit_gidx, m_counts, now)
+        victims = gpu.owner[dest_gidx]
+        dests = gpu.places(dest_gidx)
         has_v = victims >= 0
         all_v = bool(has_v.all())
         v_idx = None if all_v else np.flatnonzero(has_v)
@@ -152,26 +155,25 @@ class ExclusivePolicy:
         plan.num_hits, plan.num_misses = int(hit_places.size), int(miss_addrs.size)
         plan.num_exchanges = int(v_dest.size)
         plan.h2d_rows_per_rank = m_counts
-        v_counts = np.bincount(gpu.rank_of(v_dest), minlength=R) if R > 1 else np.array([v_dest.size])
+        v_counts = np.bincount(v_dest // gpu.seg, minlength=R) if R > 1 else np.array([v_dest.size])
         plan.d2h_rows_per_rank = v_counts.astype(np.int64) + self.pending_d2h
         plan.move_src = np.concatenate([miss_src, v_dest])
         plan.move_dst = np.concatenate([dests, v_src])
-        plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, selection)
+        plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, hit_gidx, dest_gidx)
 
     def commit(self, plan: Plan) -> None:
         st, gpu, space, now = plan.policy_state, self.gpu, self.space, plan.now
         has_v = st.victims >= 0
-        space.phys[st.miss_addrs] = st.dests
+        space.set_places(st.miss_addrs, st.dests)
         if has_v.all():
-            space.phys[st.victims] = st.miss_src
+            space.set_places(st.victims, st.miss_src)
         else:
-            space.phys[st.victims[has_v]] = st.miss_src[has_v]
+            space.set_places(st.victims[has_v], st.miss_src[has_v])
             self.cpu.release(st.miss_src[~has_v])
-            gpu.num_free -= np.bincount(gpu.rank_of(st.dests[~has_v]), minlength=self.cfg.num_ranks)
-        gpu.owner[st.dests] = st.miss_addrs
-        gpu.stamps[st.hit_places] = now
-        gpu.stamps[st.dests] = now
-        self._apply(st.selection)
+            gpu.num_free -= np.bincount(st.dests[~has_v] // gpu.seg, minlength=self.cfg.num_ranks)
+        gpu.owner[st.dest_gidx] = st.miss_addrs
+        gpu.stamps[st.hit_gidx] = now
+        gpu.stamps[st.dest_gidx] = now
         self.pending_d2h[:] = 0
         self.step = now
         self._rotate(now + 1)
@@ -180,13 +182,13 @@ class ExclusivePolicy:
     def free(self, request_id: int) -> np.ndarray:
         be, gpu, space = self.be, self.gpu, self.space
         addrs = space.requests[request_id].addresses()
-        places = space.phys[addrs]
+        places = space.places(addrs)
         on_gpu = places < gpu.num_places
         g, c = places[on_gpu], places[~on_gpu]
-        self._on_release(g)
-        gpu.owner[g] = -1
-        gpu.free_bm = be.to_numpy(be.bitmap_set(be.asarray(gpu.free_bm), be.asarray(g)))
-        gpu.num_free += np.bincount(gpu.rank_of(g), minlength=self.cfg.num_ranks)
+        gidx = gpu.idx(g.astype(np.int64))
+        self._on_release(gidx)
+        gpu.give_back(be, gidx)
+        gpu.num_free += np.bincount(g // gpu.seg, minlength=self.cfg.num_ranks)
         self.cpu.release(c)
         space.release(request_id)
         return addrs
@@ -194,21 +196,19 @@ class ExclusivePolicy:
     # -- checks --------------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         gpu, space, cfg = self.gpu, self.space, self.cfg
-        alloc = np.flatnonzero(space.phys >= 0)
-        places = space.phys[alloc]
+        alloc = space.allocated()
+        places = space.places(alloc).astype(np.int64)
         require(alloc.size == space.num_allocated, "allocated count drifted")
         require(np.unique(places).size == places.size, "a physical place is claimed by two logical addresses")
         require((places < self.num_places).all(), "place out of range")
         homes = space.home(alloc)
         on_gpu = places < gpu.num_places
-        require((gpu.rank_of(places[on_gpu]) == homes[on_gpu]).all(), "GPU entry outside its home rank")
+        require((places[on_gpu] // gpu.seg == homes[on_gpu]).all(), "GPU entry outside its home rank")
         require((self.cpu.rank_of(places[~on_gpu]) == homes[~on_gpu]).all(), "CPU entry outside its home rank")
-        require((gpu.owner[places[on_gpu]] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping")
+        require((gpu.owner[gpu.idx(places[on_gpu])] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping")
         require(int((gpu.owner >= 0).sum()) == int(on_gpu.sum()), "GPU slot owned by an unmapped address")
-        require(not (gpu.owner[~gpu.valid] >= 0).any(), "padding slot used")
-        free_bits = np.unpackbits(gpu.free_bm, bitorder="little").view(bool)
-        require((free_bits == (gpu.valid & (gpu.owner < 0))).all(), "GPU free bitmap disagrees with owners")
-        gcount = np.bincount(gpu.rank_of(places[on_gpu]), minlength=cfg.num_ranks)
+        gpu.check(require, "GPU")
+        gcount = np.bincount(places[on_gpu] // gpu.seg, minlength=cfg.num_ranks)
         ccount = np.bincount(self.cpu.rank_of(places[~on_gpu]), minlength=cfg.num_ranks)
         require((gpu.num_free + gcount == cfg.gpu_slots).all(), "GPU free count not conserved")
         require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
@@ -218,10 +218,7 @@ class ExclusivePolicy:
         self._check_policy(alloc, places, on_gpu)
 
     # -- hooks for subclasses ------------------------------------------------------------------------------------------
-    def _select(self, hit_places, m_counts, now):  # -> (dests grouped by rank in policy order, selection state)
-        raise NotImplementedError
-
-    def _apply(self, selection) -> None:
+    def _select(self, hit_gidx, m_counts, now):  # -> dests (storage positions) grouped by rank in policy order
         raise NotImplementedError
 
     def _on_alloc(self, gslots: np.ndarray) -> None:
@@ -240,7 +237,7 @@ class ExclusivePolicy:
         """Concatenate replacement slots taken in priority order and group them by rank (stable)."""
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         if self.cfg.num_ranks > 1 and len(parts) > 1:
-            slots = slots[np.argsort(self.gpu.rank_of(slots), kind="stable")]
+            slots = slots[np.argsort(self.gpu.rank_of_idx(slots), kind="stable")]
         return slots
 
 

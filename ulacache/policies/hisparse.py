@@ -11,6 +11,9 @@ buffer (<= D + 1 tokens, token at position p in slot p) it takes the fast path: 
 update. Prefill KV is backed up whole to the host and each decode token once (counted as d2h rows of the next plan).
 In TP mode SGLang replicates the history and the buffers on every rank: the cache tracks one replica and reports
 every rank's (identical) transfers in the per-rank arrays.
+
+Storage follows what is in use: LRU orders and device-buffer owners exist only for regions handed out (regions come
+lowest first; RankRows rows per rank, grown x2), residency only for allocated addresses.
 """
 from __future__ import annotations
 
@@ -18,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..address_space import AddressSpace, IdStack
+from ..address_space import AddressSpace
 from ..errors import CapacityError, require
 from ..plan import Plan
-from ..pools import CpuPools, pad64
+from ..pools import CpuPools, IdStack, RankRows, pad64
 
 
 @dataclass
@@ -51,9 +54,12 @@ class HiSparsePolicy:
         self.num_places = self.num_gpu_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.cpu_slots, self.num_places)
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
-        self.lru = np.tile(np.arange(D, dtype=np.int32), (R * self.regions_per_rank, 1))
-        self.slot_of = np.full(self.space.size, -1, dtype=np.int64)  # GPU place of a resident copy, -1 none
-        self.gowner = np.full(self.num_gpu_places, -1, dtype=np.int64)
+        self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> LRU storage row
+        self.grows = RankRows(R, self.seg, self.seg)  # GPU place -> gowner storage position
+        self.lru = np.zeros((0, D), dtype=np.int32)
+        self.slot_of = np.zeros(0, dtype=np.int64)  # by address storage: GPU place of a resident copy, -1 none
+        self.gowner = np.zeros(0, dtype=np.int64)
+        self.space.listeners.append(self._grow_space)
         self.region_of = np.full(16, -1, dtype=np.int64)  # by request index
         self.hist_len = np.zeros(16, dtype=np.int64)
         self.newest = np.full(16, -1, dtype=np.int64)
@@ -61,6 +67,29 @@ class HiSparsePolicy:
         self.pending_d2h = np.zeros(R, dtype=np.int64)
         self.gpu_seg = self.seg
         self.alloc_moves = None  # (src, dst) GPU places whose bytes the last alloc moved (newest -> LRU slot)
+
+    def _grow_space(self, old: int) -> None:
+        self.slot_of = self.space.rows.relayout(self.slot_of, old, -1)
+
+    def _grow_regions(self, regions: np.ndarray) -> None:
+        """Storage for the LRU orders and device-buffer slots of newly claimed regions."""
+        local = regions % self.regions_per_rank
+        need = int(local.max()) + 1
+        if need > self.regrows.cap:
+            old = self.regrows.grow(need)
+            self.lru = self.regrows.relayout(self.lru, old, 0)
+            self.lru.reshape(self.R, self.regrows.cap, self.D)[:, old:] = np.arange(self.D, dtype=np.int32)
+        need = need * (self.D + 1)
+        if need > self.grows.cap:
+            old = self.grows.grow(need)
+            self.gowner = self.grows.relayout(self.gowner, old, -1)
+
+    def _g(self, places: np.ndarray) -> np.ndarray:
+        return self.grows.index(places)
+
+    def resident_places(self, addrs: np.ndarray) -> np.ndarray:
+        """GPU place of each allocated address's device-buffer copy, -1 where it has none."""
+        return self.slot_of[self.space.index(addrs)]
 
     def region_base(self, regions: np.ndarray) -> np.ndarray:
         rank = regions // self.regions_per_rank
@@ -111,10 +140,10 @@ class HiSparsePolicy:
         places = np.empty(n, dtype=np.int64)
         for r in range(R):  # loop over ranks
             idx = np.flatnonzero(tok_rank == r)
-            addrs[idx] = space.ids[r].pop(idx.size)
+            addrs[idx] = space.pop_ids(r, idx.size)
             places[idx] = self.cpu.free[r].pop(idx.size)
             self.pending_d2h[r] += idx.size  # prefill backed up whole, each decode token once
-        space.phys[addrs] = places
+        space.set_places(addrs, places)
         offsets = np.concatenate([[0], np.cumsum(counts)])
         for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
             space.register(rid, reqs[i], addrs[offsets[i]:offsets[i + 1]])
@@ -122,9 +151,10 @@ class HiSparsePolicy:
         self._grow(int(idx.max()) + 1 if idx.size else 0)
         for i in np.flatnonzero(new).tolist():  # loop over new requests: claim a device buffer
             self.region_of[idx[i]] = int(self.regions[int(ranks[i])].pop(1)[0])
+            self._grow_regions(self.region_of[idx[i]: idx[i] + 1])
             base = int(self.region_base(self.region_of[idx[i]: idx[i] + 1])[0])
-            self.lru[self.region_of[idx[i]]] = np.arange(D, dtype=np.int32)
-            self.gowner[base:base + D + 1] = -1
+            self.lru[self.regrows.index(self.region_of[idx[i]])] = np.arange(D, dtype=np.int32)
+            self.gowner[self._g(np.arange(base, base + D + 1))] = -1
         # Residency (the fast-path layout): the previous newest token and every new token but the last take LRU slot
         # `position` while position < D; the last new token takes the newest-token slot. Only <= D tokens per
         # request are touched, whatever the prefill length.
@@ -135,20 +165,21 @@ class HiSparsePolicy:
         prev = np.flatnonzero(old_len > 0)
         p_addr, p_slot = old_newest[prev], base[prev] + old_len[prev] - 1
         p_keep = np.flatnonzero(old_len[prev] - 1 < D)
-        moved_src = self.slot_of[p_addr[p_keep]]
-        self.slot_of[p_addr] = -1
-        self.slot_of[p_addr[p_keep]] = p_slot[p_keep]
-        self.gowner[p_slot[p_keep]] = p_addr[p_keep]
+        ix = space.index
+        moved_src = self.slot_of[ix(p_addr[p_keep])]
+        self.slot_of[ix(p_addr)] = -1
+        self.slot_of[ix(p_addr[p_keep])] = p_slot[p_keep]
+        self.gowner[self._g(p_slot[p_keep])] = p_addr[p_keep]
         self.alloc_moves = (moved_src, p_slot[p_keep])  # newest slot -> LRU slot: the bytes move inside HBM
         fill = np.clip(np.minimum(old_len + cnt - 1, D) - old_len, 0, None)
         rep = np.repeat(np.arange(idx.size), fill)
         j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
         t_addr, t_slot = addrs[first[rep] + j], base[rep] + old_len[rep] + j
-        self.slot_of[t_addr] = t_slot
-        self.gowner[t_slot] = t_addr
+        self.slot_of[ix(t_addr)] = t_slot
+        self.gowner[self._g(t_slot)] = t_addr
         self.newest[idx] = addrs[first + cnt - 1]
-        self.slot_of[self.newest[idx]] = base + D
-        self.gowner[base + D] = self.newest[idx]
+        self.slot_of[ix(self.newest[idx])] = base + D
+        self.gowner[self._g(base + D)] = self.newest[idx]
         self.hist_len[idx] = old_len + cnt
         return addrs
 
@@ -156,30 +187,32 @@ class HiSparsePolicy:
     def access(self, plan: Plan, places: np.ndarray) -> None:
         be, D, space = self.be, self.D, self.space
         uniq = plan.addrs
-        gslot = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uniq)))
+        uix = space.index(uniq)
+        gslot = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uix)))
         hit = gslot >= 0
-        req = space.req_of[uniq].astype(np.int64)
+        req = space.req_of[uix].astype(np.int64)
         miss_idx = np.flatnonzero(~hit)  # flatnonzero + take: much faster than boolean-mask indexing
         miss_addrs, miss_req = uniq.take(miss_idx), req.take(miss_idx)
         plan.num_hits, plan.num_misses = int(uniq.size - miss_idx.size), int(miss_idx.size)
         lru_hit = hit & (gslot % self.seg % (D + 1) != D) & (self.hist_len[req] > D + 1)  # fast path: no update
         lru_hit_idx = np.flatnonzero(lru_hit)
         miss_region = self.region_of[miss_req]
-        touched = np.zeros(self.lru.shape[0], dtype=bool)  # regions whose LRU order changes (ascending)
-        touched[self.region_of[req.take(lru_hit_idx)]] = True
-        touched[miss_region] = True
+        lrow = self.regrows.index
+        touched = np.zeros(self.lru.shape[0], dtype=bool)  # LRU rows whose order changes (ascending = by region)
+        touched[lrow(self.region_of[req.take(lru_hit_idx)])] = True
+        touched[lrow(miss_region)] = True
         rows = np.flatnonzero(touched)
         new_order, miss_slots, victims = self.lru[rows], np.zeros(0, np.int64), np.zeros(0, np.int64)
         if rows.size:
             row_of_region = np.full(self.lru.shape[0], -1, dtype=np.int64)
             row_of_region[rows] = np.arange(rows.size)
-            base = self.region_base(rows)
-            hitmark = np.zeros(self.num_gpu_places, dtype=bool)
-            hitmark[gslot.take(lru_hit_idx)] = True
+            base = self.region_base(self.regrows.ids(rows))
+            hitmark = np.zeros(self.gowner.size, dtype=bool)
+            hitmark[self._g(gslot.take(lru_hit_idx))] = True
             order = self.lru[rows]
             slots2d = base[:, None] + order
-            H = hitmark[slots2d]
-            miss_row = row_of_region[miss_region]
+            H = hitmark[self._g(slots2d)]
+            miss_row = row_of_region[lrow(miss_region)]
             m = np.bincount(miss_row, minlength=rows.size)
             htot = H.sum(axis=1)
             if (m + htot > D).any():
@@ -198,22 +231,23 @@ class HiSparsePolicy:
             take = ~H & (e_idx < mm)
             miss_slots = slots2d.ravel().take(np.flatnonzero(take.ravel()))  # by row, least recent first
             miss_addrs = miss_addrs.take(np.argsort(miss_row, kind="stable"))
-            victims = self.gowner[miss_slots]
+            victims = self.gowner[self._g(miss_slots)]
         rep = self.replicas
         plan.num_exchanges = 0
         h2d = np.bincount(space.home(miss_addrs), minlength=self.R).astype(np.int64)
         plan.h2d_rows_per_rank = self._per_rank(h2d) if self.tp else h2d
         plan.d2h_rows_per_rank = self._per_rank(self.pending_d2h.copy()) if rep > 1 else self.pending_d2h.copy()
-        plan.move_src = space.phys[miss_addrs]
+        plan.move_src = space.places(miss_addrs)
         plan.move_dst = miss_slots
         plan.policy_state = _HsState(rows, new_order.astype(np.int32), miss_addrs, miss_slots, victims)
 
     def commit(self, plan: Plan) -> None:
         st = plan.policy_state
         self.lru[st.rows] = st.new_order
-        self.slot_of[st.victims[st.victims >= 0]] = -1
-        self.slot_of[st.miss_addrs] = st.miss_slots
-        self.gowner[st.miss_slots] = st.miss_addrs
+        ix = self.space.index
+        self.slot_of[ix(st.victims[st.victims >= 0])] = -1
+        self.slot_of[ix(st.miss_addrs)] = st.miss_slots
+        self.gowner[self._g(st.miss_slots)] = st.miss_addrs
         self.pending_d2h[:] = 0
         self.step = plan.now
 
@@ -224,32 +258,33 @@ class HiSparsePolicy:
         addrs = req.addresses()
         region = int(self.region_of[req.index])
         base = int(self.region_base(np.array([region]))[0])
-        self.slot_of[addrs] = -1
-        self.gowner[base:base + self.D + 1] = -1
-        self.lru[region] = np.arange(self.D, dtype=np.int32)
+        self.slot_of[space.index(addrs)] = -1
+        self.gowner[self._g(np.arange(base, base + self.D + 1))] = -1
+        self.lru[self.regrows.index(region)] = np.arange(self.D, dtype=np.int32)
         self.regions[region // self.regions_per_rank].push(np.array([region], dtype=np.int64))
         self.region_of[req.index], self.hist_len[req.index], self.newest[req.index] = -1, 0, -1
-        self.cpu.release(space.phys[addrs])
+        self.cpu.release(space.places(addrs).astype(np.int64))
         space.release(request_id)
         return addrs
 
     # -- checks --------------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         space, cfg, D = self.space, self.cfg, self.D
-        alloc = np.flatnonzero(space.phys >= 0)
-        places = space.phys[alloc]
+        alloc = space.allocated()
+        places = space.places(alloc).astype(np.int64)
         require(alloc.size == space.num_allocated, "allocated count drifted")
         require(np.unique(places).size == places.size, "a CPU place is claimed by two logical addresses")
         require((places >= self.num_gpu_places).all() and (places < self.num_places).all(), "hisparse entry not on CPU")
         require((self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank")
         ccount = np.bincount(self.cpu.rank_of(places), minlength=self.R)
         require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
-        res = np.flatnonzero(self.slot_of >= 0)
-        require((space.phys[res] >= 0).all(), "a freed address is still resident")
-        require((self.gowner[self.slot_of[res]] == res).all(), "device buffer owner disagrees with residency")
+        res = space.rows.ids(np.flatnonzero(self.slot_of >= 0))
+        res_slot = self.resident_places(res)
+        require((space.places(res) >= 0).all(), "a freed address is still resident")
+        require((self.gowner[self._g(res_slot)] == res).all(), "device buffer owner disagrees with residency")
         require(int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address")
-        rg = self.region_of[space.req_of[res]]
-        local = self.slot_of[res] - self.region_base(rg)
+        rg = self.region_of[space.req_of[space.index(res)]]
+        local = res_slot - self.region_base(rg)
         require(((local >= 0) & (local <= D)).all(), "a copy sits outside its request's device buffer")
         used = np.flatnonzero(self.region_of >= 0)
         require(np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer")
@@ -259,7 +294,7 @@ class HiSparsePolicy:
         require((srt == np.arange(D)).all(), "an LRU order is not a permutation of the buffer's slots")
         used = used[self.hist_len[used] > 0]  # a request allocated with 0 tokens has no newest token yet
         newest = self.newest[used]
-        require((self.slot_of[newest] == self.region_base(self.region_of[used]) + D).all(), "newest token not resident")
+        require((self.resident_places(newest) == self.region_base(self.region_of[used]) + D).all(), "newest token not resident")
 
 
 __all__ = ["HiSparsePolicy"]

@@ -1,0 +1,174 @@
+"""Pool-scale benchmark (issue 10): the library's time and memory must follow the entries it holds and touches, not
+the GPU/CPU budgets.
+
+Measured, numpy backend, one thread, medians over fresh caches:
+- build: `UlaCache(CacheConfig(...))` for a 0.2M GPU / 2M CPU slot pool and one 32x larger (6.4M / 64M), DP 1 rank
+  and TP 4 ranks (target <= 0.1 s each).
+- resident: 16 requests x 12,288 history tokens (all GPU-resident in both pools, so both do the same work), a
+  warm-up batch, then a timed batch of 16 requests x 4 query tokens x 2048 selections (44% of each request's
+  candidates carried over): access and access + commit, small vs 32x pool (target ratio <= 1.3).
+- misses: 16 requests x 65,536 history tokens (the GPU pool overflows into the CPU pool), same batch shape, GPU
+  0.2M with CPU 2M vs CPU 64M: the replacement path (victim search, exchanges) under a 32x larger CPU budget.
+- tp: 4 ranks, 256 requests x 4 x 2048 (2M references) over 250K GPU + 2.5M CPU slots per rank, 700K local-buffer
+  slots per rank: access + commit of one batch after a warm-up batch.
+- peak RSS of the process (ru_maxrss) after each part.
+
+    prlimit --as=8000000000 -- .venv/bin/python bench/pool_scale_bench.py [--trials N] [--quick]
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ulacache import CacheConfig, UlaCache  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "pool_scale.json"
+SMALL, LARGE = (200_000, 2_000_000), (6_400_000, 64_000_000)
+# The figures this benchmark replaces (issue 10, measured on main before the refactor).
+REPLACES = {"access_ms_small": 9.0, "access_ms_large": 14.9, "ratio": 1.65, "build_large_s": 1.6,
+            "tp4_batch_s": "0.4-0.7"}
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cands(rng, hist: int, num_req: int, size: int, prev: np.ndarray | None, keep: float) -> np.ndarray:
+    """(num_req, size) distinct history positions per request; `keep` of them carried over from `prev`."""
+    if prev is None:
+        return np.stack([rng.choice(hist, size, replace=False) for _ in range(num_req)])
+    n_keep = int(size * keep)
+    out = np.empty_like(prev)
+    for i in range(num_req):  # set-up only (not timed)
+        fresh = rng.choice(hist, 2 * size, replace=False)
+        fresh = fresh[~np.isin(fresh, prev[i])][: size - n_keep]
+        out[i] = np.concatenate([prev[i, :n_keep], fresh])
+    return rng.permuted(out, axis=1)
+
+
+def batch(rng, addrs: np.ndarray, cand: np.ndarray, q: int, k: int) -> np.ndarray:
+    num_req, size = cand.shape
+    pick = rng.random((num_req, q, size)).argsort(axis=2)[:, :, :k]
+    pos = np.take_along_axis(np.broadcast_to(cand[:, None, :], (num_req, q, size)), pick, axis=2)
+    return np.take_along_axis(addrs, pos.reshape(num_req, -1), axis=1).reshape(num_req, q, k)
+
+
+def build_s(cfg: CacheConfig) -> float:
+    t0 = time.perf_counter()
+    UlaCache(cfg)
+    return time.perf_counter() - t0
+
+
+def access_run(cfg: CacheConfig, num_req: int, hist: int, seed: int, q: int = 4, k: int = 2048,
+               cand_size: int = 3600) -> dict:
+    rng = np.random.default_rng(seed)
+    cache = UlaCache(cfg)
+    addrs = cache.alloc_many(np.arange(num_req), np.full(num_req, hist)).reshape(num_req, hist)
+    c0 = cands(rng, hist, num_req, cand_size, None, 0.0)
+    cache.commit(cache.access(batch(rng, addrs, c0, q, k)))  # warm-up
+    sel = batch(rng, addrs, cands(rng, hist, num_req, cand_size, c0, 0.44), q, k)
+    t0 = time.perf_counter()
+    plan = cache.access(sel)
+    t1 = time.perf_counter()
+    cache.commit(plan)
+    t2 = time.perf_counter()
+    return {"refs": plan.num_refs, "unique": plan.num_unique, "hits": plan.num_hits, "misses": plan.num_misses,
+            "exchanges": plan.num_exchanges, "local_hits": plan.num_local_hits,
+            "peer_fetches": plan.num_peer_fetches, "access_s": t1 - t0, "access_commit_s": t2 - t0}
+
+
+def median_runs(fn, trials: int) -> dict:
+    runs = [fn(seed) for seed in range(trials)]
+    out = dict(runs[0])
+    for key in ("access_s", "access_commit_s"):
+        out[key] = float(np.median([r[key] for r in runs]))
+        out[key + "_all"] = [r[key] for r in runs]
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="skip the TP part")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+    res: dict = {"build_s": {}, "resident": {}, "misses": {}, "rss_mb": {}}
+    for name, (g, c) in (("small", SMALL), ("large", LARGE)):
+        for mode, ranks in (("dp", 1), ("tp", 4)):
+            cfg = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=g, cpu_slots=c)
+            res["build_s"][f"{mode}{ranks}_{name}"] = float(np.median([build_s(cfg) for _ in range(3)]))
+    res["rss_mb"]["after_build"] = rss_mb()
+    for name, (g, c) in (("small", SMALL), ("large", LARGE)):
+        cfg = CacheConfig(gpu_slots=g, cpu_slots=c)
+        res["resident"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 16, 12_288, s), args.trials)
+    res["rss_mb"]["after_resident"] = rss_mb()
+    for name, c in (("small", SMALL[1]), ("large_cpu", LARGE[1])):
+        cfg = CacheConfig(gpu_slots=SMALL[0], cpu_slots=c)
+        res["misses"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 16, 65_536, s), args.trials)
+    res["rss_mb"]["after_misses"] = rss_mb()
+    for part in ("resident", "misses"):
+        a, b = res[part].values()
+        res[part]["ratio_access"] = b["access_s"] / a["access_s"]
+        res[part]["ratio_access_commit"] = b["access_commit_s"] / a["access_commit_s"]
+    if not args.quick:
+        cfg = CacheConfig(mode="tp", num_ranks=4, gpu_slots=250_000, cpu_slots=2_500_000, local_buffer_slots=700_000)
+        res["tp4"] = median_runs(lambda s: access_run(cfg, 256, 10_000, s), max(1, args.trials // 2))
+        res["rss_mb"]["after_tp4"] = rss_mb()
+    for key, val in res["build_s"].items():
+        print(f"build {key:10s} {val * 1e3:8.1f} ms")
+    for part in ("resident", "misses"):
+        for name, r in res[part].items():
+            if isinstance(r, dict):
+                print(f"{part:8s} {name:9s} unique {r['unique']:,} hits {r['hits']:,}: access "
+                      f"{r['access_s'] * 1e3:.1f} ms, access+commit {r['access_commit_s'] * 1e3:.1f} ms")
+        print(f"{part:8s} ratio access {res[part]['ratio_access']:.2f}x, access+commit "
+              f"{res[part]['ratio_access_commit']:.2f}x")
+    if "tp4" in res:
+        r = res["tp4"]
+        print(f"tp4 refs {r['refs']:,} unique {r['unique']:,} local hits {r['local_hits']:,} peer "
+              f"{r['peer_fetches']:,}: access {r['access_s']:.3f} s, access+commit {r['access_commit_s']:.3f} s")
+    print(f"peak RSS {res['rss_mb']}")
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", *sys.argv]),
+        "git_commit": git_commit(),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "numpy": np.__version__, "threads": 1},
+        "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+        "pools": {"small": SMALL, "large": LARGE}, "trials": args.trials,
+        "targets": {"ratio": 1.3, "build_s": 0.1},
+        "replaces": REPLACES,
+        **res,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
