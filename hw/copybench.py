@@ -184,6 +184,7 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
                 src = HostPool(host_rows, row_bytes)
                 src.array.reshape(-1)[:] = np.arange(src.array.size, dtype=np.int64).astype(np.uint8) | 1
             pools[g] = (gpu, src, cp.cuda.Stream(non_blocking=True), cp.empty((max(sizes), row_bytes), cp.uint8))
+            cp.cuda.Device(g).synchronize()  # made on the default stream; the timed streams do not wait for it
     out = []
     for n in sizes:
         idx = {}
@@ -191,6 +192,7 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
             with cp.cuda.Device(g):
                 idx[g] = (_index_sets(rng, gpu_rows, n), _index_sets(rng, host_rows, n),
                           cp.full(n, 1 if op in ("swap", "split") else 0, dtype=cp.uint8), cp.arange(n, dtype=cp.int64))
+                cp.cuda.Device(g).synchronize()
         inner = _inner(n, row_bytes)
         samples, per = [], []
         for rep in range(repeat + 1):

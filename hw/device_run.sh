@@ -29,7 +29,7 @@ for step in ${1:-tests bench}; do
       hs=(); [ -f "$OUT/hisparse_swapin.json" ] && hs=(--hisparse-json "$OUT/hisparse_swapin.json")
       timeout 420 python3 -m hw calibrate --out "$OUT/h200.yaml" --json "$OUT/calibration.json" "${hs[@]}" 2>&1 \
         | tee -a "$LOG"
-      CAL="$OUT/h200.yaml" ;;
+      [ -f "$OUT/h200.yaml" ] && CAL="$OUT/h200.yaml" ;;
     validate)  # synthetic: 64 requests x 16K history, 256K GPU slots per rank
       v synthetic --ranks 1 --out "$OUT/v/validate_dp1.json"
       [ "$N" -ge 2 ] && v synthetic --ranks "$N" --mode dp --out "$OUT/v/validate_dp$N.json"

@@ -8,8 +8,6 @@
 //   5. each warp copies missed rows straight from pinned host memory (16-B vectors) into the device buffer.
 // Requests with L <= H take the fast path (slot = position, no IO). Top-k entries must be distinct, in [0, L).
 // The numpy reference in hw/hisparse.py (`swapin_reference`) is the oracle; it must match bit for bit.
-#include <cstdint>
-
 #define HS_EMPTY (-1)
 #define HS_HIT (-2)
 
