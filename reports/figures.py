@@ -296,37 +296,62 @@ POOL_KEYS = (("ulacache.gpu_pool_slots", "GPU pool size per rank (token slots)",
              ("memory.gpu_kv_bytes_per_gpu", "GPU KV budget per GPU (GB)", 1e-9))
 
 
-def miss_ratio_curve(df, res, out_dir):
-    need(df, ["gpu_hit_rate"], "GPU hit rates")
+def _sim_mrc(df):
+    """The ulacache runs at two or more GPU pool sizes, pinned and faceted, with the pool key; or None."""
+    if "gpu_hit_rate" not in df.columns or "system" not in df.columns or df["gpu_hit_rate"].isna().all():
+        return None
     u = df[df["system"] == "ulacache"]
     for key, xlabel, scale in POOL_KEYS:
         if key in u.columns and pd.to_numeric(u[key], errors="coerce").nunique() >= 2:
             break
     else:
-        raise Skip("needs ulacache runs at two or more GPU pool sizes (ulacache.gpu_pool_slots or "
-                   "memory.gpu_kv_bytes_per_gpu)")
+        return None
     u = u[pd.to_numeric(u[key], errors="coerce").notna()].copy()
     u["pool"] = pd.to_numeric(u[key]) * scale
     top = u[X].max() if X in u.columns else None
     sub, notes = pin(u, keep=(key, "policy", "attention", "hardware.preset", "spec.draft_tokens", "model.preset"),
                      prefer={X: top, "cpu_storage": True})
-    groups = facets(sub)
-    fig, axes = _grid(len(groups), w=5.6, h=4.0)
+    return facets(sub), xlabel, notes
+
+
+def miss_ratio_curve(df, res, out_dir):
+    from reports import policy_compare as pc
+
+    sim = _sim_mrc(df)
+    comps, _ = pc.find(res.root)
+    if sim is None and not comps:
+        raise Skip("needs ulacache runs at two or more GPU pool sizes (ulacache.gpu_pool_slots or "
+                   "memory.gpu_kv_bytes_per_gpu), or a policy_compare table (ulacache policy-compare)")
+    groups, xlabel, notes = sim if sim is not None else ([], "", [])
+    fig, axes = _grid(len(groups) + len(comps), w=5.6, h=4.0)
     for ax, (title, g) in zip(axes, groups):
         for j, pol in enumerate(sorted(g["policy"].dropna().unique(), key=lambda p: p != "pb-lru")):
             s = g[g["policy"] == pol].groupby("pool")["gpu_hit_rate"].mean()
             ax.plot(s.index, 100 * (1 - s.values), "-o", label=pol, color=_color(pol, j))
         ax.set_xlabel(xlabel)
         ax.set_ylabel("GPU miss ratio (% of references)")
-        ax.set_title(title or "ulacache", fontsize=10)
+        ax.set_title(f"replays: {title or 'ulacache'}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    fig.suptitle("Miss-ratio curve over GPU pool size (ulacache)")
+    for ax, comp in zip(axes[len(groups):], comps):
+        pc.draw(ax, comp)
+    fig.suptitle("Miss-ratio curve over GPU pool size" + (": ours vs libCacheSim peers" if comps else " (ulacache)"))
     png = _save(fig, out_dir, "miss_ratio_curve.png")
-    return Figure("mrc", "Miss-ratio curve over GPU pool size", png,
-                  "1 - GPU hit rate of the selected KV references as the GPU pool grows, CPU storage holding the "
-                  "rest." + _pins(notes))
+    caption = []
+    if groups:
+        caption.append("Replays: 1 - GPU hit rate of the selected KV references as the GPU pool grows, CPU storage "
+                       "holding the rest." + _pins(notes))
+    if comps:
+        caption.append("policy-compare panels: one layer group's deduplicated reference stream replayed through "
+                       "our pb-lru and exact lru (solid) and libCacheSim's LRU, S3-FIFO, ARC (dashed) and Belady's "
+                       "offline optimum (dotted), miss ratio after warm-up; the gap to Belady is the headroom no "
+                       "online policy can exceed on these references. " + pc.notes(comps))
+    else:
+        caption.append("No policy_compare table under this directory: run `ulacache policy-compare TRACE --out DIR` "
+                       "to add libCacheSim's peers.")
+    return Figure("mrc", "Miss-ratio curve over GPU pool size", png, " ".join(caption),
+                  pc.summary(comps) if comps else None)
 
 
 # ---------------------------------------------------------------------------------------------- 7. sim vs hw

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.collect import collect
+from reports import policy_compare
+from reports.collect import Results, collect
 from reports.figures import ALL, Figure
 from reports.frame import Skip, prepare
 
@@ -41,7 +42,7 @@ def _table(df: pd.DataFrame) -> str:
 def build_report(result_dir, out_dir=None) -> Path:
     """Read every result file under `result_dir`; write figures and index.html to `out_dir`
     (default: RESULT_DIR/report); returns the index.html path."""
-    res = collect(result_dir)
+    res = _collect(result_dir)
     out = Path(out_dir) if out_dir is not None else Path(result_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     df = prepare(res.runs)
@@ -76,6 +77,21 @@ def build_report(result_dir, out_dir=None) -> Path:
     tmp.write_text(page)
     tmp.replace(index)
     return index
+
+
+def _collect(result_dir) -> Results:
+    """collect(), plus the policy_compare tables (a dir may hold only those)."""
+    try:
+        res = collect(result_dir)
+    except ValueError:
+        root = Path(result_dir)
+        if not root.is_dir() or not policy_compare.find(root)[0]:
+            raise
+        res = Results(root, pd.DataFrame(), [], [], [], [])
+    comps, notes = policy_compare.find(res.root)
+    res.sources += [c.path for c in comps]
+    res.notes += notes
+    return res
 
 
 def _section(fig: Figure) -> str:

@@ -171,3 +171,45 @@ def test_sim_vs_hw_errors_from_validate_json(full_report):
     assert row["steps"] == 6 and row["setting"] == "tp, 8 ranks"
     assert row["median_signed_error_pct"] == pytest.approx(10.0)
     assert row["measured_median_us"] == pytest.approx(140.0)
+
+
+@pytest.fixture(scope="module")
+def compare_dirs(tmp_path_factory):
+    """Real `ulacache policy-compare` outputs on a tiny trace: with peers (when libcachesim is installed) and
+    without (--no-peers, the note a missing extra leaves)."""
+    from traces import generate_trace
+    from ulacache_cli.main import main
+
+    root = tmp_path_factory.mktemp("compare")
+    trace = generate_trace(root / "trace", profile="small", num_requests=3, seed=5, num_groups=2)
+    args = ["policy-compare", str(trace), "--gpu-slots", "7000,12000,20000", "--warmup-steps", "2", "--max-steps",
+            "6", "--concurrency", "3"]
+    assert main([*args, "--out", str(root / "with")]) == 0
+    assert main([*args, "--out", str(root / "without"), "--no-peers"]) == 0
+    return root
+
+
+def test_policy_compare_curves_in_miss_ratio_figure(tmp_path, compare_dirs):
+    from sim import peers
+
+    make_results(tmp_path)
+    import shutil
+
+    shutil.copytree(compare_dirs / "with", tmp_path / "peers")
+    index = build_report(tmp_path)
+    page = index.read_text()
+    assert (index.parent / "miss_ratio_curve.png").stat().st_size > 10_000
+    assert "peers/policy_compare.parquet" in page and "policy-compare panels" in page
+    if peers.available() is not None:
+        assert "belady" in page and "lcs-s3fifo" in page and "no libCacheSim curves" not in page
+        assert "our exact lru minus libCacheSim LRU" in page
+
+
+def test_policy_compare_without_peers_shows_a_note(tmp_path, compare_dirs):
+    import shutil
+
+    shutil.copytree(compare_dirs / "without", tmp_path / "ours")  # a dir holding only a policy_compare table
+    page = build_report(tmp_path).read_text()
+    assert "no libCacheSim curves" in page and "--no-peers" in page
+    assert page.count("Skipped:") >= 7  # the other figures need replay results
+    assert 'src="miss_ratio_curve.png"' in page
