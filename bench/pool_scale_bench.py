@@ -9,8 +9,10 @@ Measured, numpy backend, one thread, medians over fresh caches:
   candidates carried over): access and access + commit, small vs 32x pool (target ratio <= 1.3).
 - misses: 16 requests x 65,536 history tokens (the GPU pool overflows into the CPU pool), same batch shape, GPU
   0.2M with CPU 2M vs CPU 64M: the replacement path (victim search, exchanges) under a 32x larger CPU budget.
-- tp: 4 ranks, 256 requests x 4 x 2048 (2M references) over 250K GPU + 2.5M CPU slots per rank, 700K local-buffer
-  slots per rank: access + commit of one batch after a warm-up batch.
+- tp: 4 ranks, 256 requests x 4 x 2048 (2M references), 700K local-buffer slots per rank, over 250K GPU + 2.5M
+  CPU slots per rank and over 6.4M + 64M: access + commit of one batch after three warm-up batches (steady state).
+  Before issue 10, the larger budget put the local-buffer maps on hash tables (their dense table was sized by the
+  budget); now the dense table follows the addresses in use.
 - peak RSS of the process (ru_maxrss) after each part.
 
     prlimit --as=8000000000 -- .venv/bin/python bench/pool_scale_bench.py [--trials N] [--quick]
@@ -34,7 +36,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# ULACACHE_BENCH_LIB=DIR measures another copy of the package (e.g. `git archive` of an older commit) for "before".
+sys.path.insert(0, os.environ.get("ULACACHE_BENCH_LIB") or str(Path(__file__).resolve().parents[1]))
 from ulacache import CacheConfig, UlaCache  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "pool_scale.json"
@@ -75,13 +78,15 @@ def build_s(cfg: CacheConfig) -> float:
 
 
 def access_run(cfg: CacheConfig, num_req: int, hist: int, seed: int, q: int = 4, k: int = 2048,
-               cand_size: int = 3600) -> dict:
+               cand_size: int = 3600, warm: int = 1) -> dict:
     rng = np.random.default_rng(seed)
     cache = UlaCache(cfg)
     addrs = cache.alloc_many(np.arange(num_req), np.full(num_req, hist)).reshape(num_req, hist)
     c0 = cands(rng, hist, num_req, cand_size, None, 0.0)
-    cache.commit(cache.access(batch(rng, addrs, c0, q, k)))  # warm-up
-    sel = batch(rng, addrs, cands(rng, hist, num_req, cand_size, c0, 0.44), q, k)
+    for _ in range(warm):  # warm-up batches
+        cache.commit(cache.access(batch(rng, addrs, c0, q, k)))
+        c0 = cands(rng, hist, num_req, cand_size, c0, 0.44)
+    sel = batch(rng, addrs, c0, q, k)
     t0 = time.perf_counter()
     plan = cache.access(sel)
     t1 = time.perf_counter()
@@ -135,9 +140,12 @@ def main() -> int:
         res[part]["ratio_access"] = b["access_s"] / a["access_s"]
         res[part]["ratio_access_commit"] = b["access_commit_s"] / a["access_commit_s"]
     if not args.quick:
-        cfg = CacheConfig(mode="tp", num_ranks=4, gpu_slots=250_000, cpu_slots=2_500_000, local_buffer_slots=700_000)
-        res["tp4"] = median_runs(lambda s: access_run(cfg, 256, 10_000, s), max(1, args.trials // 2))
-        res["rss_mb"]["after_tp4"] = rss_mb()
+        res["tp4"] = {}
+        for name, (g, c) in (("small", (250_000, 2_500_000)), ("large", LARGE)):
+            cfg = CacheConfig(mode="tp", num_ranks=4, gpu_slots=g, cpu_slots=c, local_buffer_slots=700_000)
+            res["tp4"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 256, 10_000, s, warm=3),
+                                           max(1, args.trials // 2))
+            res["rss_mb"][f"after_tp4_{name}"] = rss_mb()
     for key, val in res["build_s"].items():
         print(f"build {key:10s} {val * 1e3:8.1f} ms")
     for part in ("resident", "misses"):
@@ -147,9 +155,8 @@ def main() -> int:
                       f"{r['access_s'] * 1e3:.1f} ms, access+commit {r['access_commit_s'] * 1e3:.1f} ms")
         print(f"{part:8s} ratio access {res[part]['ratio_access']:.2f}x, access+commit "
               f"{res[part]['ratio_access_commit']:.2f}x")
-    if "tp4" in res:
-        r = res["tp4"]
-        print(f"tp4 refs {r['refs']:,} unique {r['unique']:,} local hits {r['local_hits']:,} peer "
+    for name, r in res.get("tp4", {}).items():
+        print(f"tp4 {name:5s} refs {r['refs']:,} unique {r['unique']:,} local hits {r['local_hits']:,} peer "
               f"{r['peer_fetches']:,}: access {r['access_s']:.3f} s, access+commit {r['access_commit_s']:.3f} s")
     print(f"peak RSS {res['rss_mb']}")
     result = {

@@ -382,8 +382,17 @@ def test_program_matches_frozen_record(name):
     assert got == EXPECTED[name]
 
 
-@pytest.mark.parametrize("dense", [True, False])
-def test_tp_hash_and_dense_buffer_maps_agree_with_record(monkeypatch, dense):
-    """The TP local-buffer maps (dense table or hash table) must not change any outcome."""
-    monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", 1 << 40 if dense else 0)
+@pytest.mark.parametrize("limit", [1 << 40, 0, 80_000])
+def test_tp_hash_and_dense_buffer_maps_agree_with_record(monkeypatch, limit):
+    """The TP local-buffer maps (dense table, hash tables, dense switched to hash as addresses grow) must not change
+    any outcome."""
+    monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", limit)
     assert run_program(**PROGRAMS["tp4-pblru"]) == EXPECTED["tp4-pblru"]
+
+
+def test_dense_buffer_maps_switch_to_hash_as_addresses_grow(monkeypatch):
+    monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", 80_000)
+    c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=300, cpu_slots=1500, local_buffer_slots=1200))
+    assert isinstance(c.buffers.maps, slot_map.DenseSlotMaps)
+    c.alloc(0, 6000)
+    assert isinstance(c.buffers.maps, slot_map.HashSlotMaps)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import ulacache.slot_map as slot_map
 from ulacache import CacheConfig, UlaCache
 from ulacache.address_space import AddressSpace
-from ulacache.slot_map import DenseSlotMap, HashSlotMap
+from ulacache.slot_map import DenseSlotMaps, HashSlotMap, HashSlotMaps
 
 
 @settings(max_examples=60, deadline=None)
@@ -16,7 +16,7 @@ def test_hash_map_matches_a_dict(ops):
     capacity = 64
     space = AddressSpace(1, 5001, 5001)
     space.pop_ids(0, 5001)  # the dense table covers the addresses handed out
-    maps = [HashSlotMap(capacity), DenseSlotMap(space, capacity)]
+    maps = [HashSlotMaps(1, capacity), DenseSlotMaps(1, space)]
     ref: dict[int, int] = {}
     rng = np.random.default_rng(0)
     for insert, keys in ops:
@@ -24,19 +24,21 @@ def test_hash_map_matches_a_dict(ops):
             new = [k for k in keys if k not in ref][: capacity - len(ref)]
             vals = rng.integers(0, capacity, len(new))
             for m in maps:
-                m.set(np.array(new, dtype=np.int64), vals.astype(np.int64))
+                k = np.array(new, dtype=np.int64)
+                m.set(np.zeros(k.size, np.int64), k, vals.astype(np.int64))
             ref.update(zip(new, vals.tolist()))
         else:
             gone = [k for k in keys if k in ref]
             for m in maps:
-                m.delete(np.array(gone, dtype=np.int64))
+                m.delete(np.zeros(len(gone), np.int64), np.array(gone, dtype=np.int64))
             for k in gone:
                 del ref[k]
         probe = np.arange(0, 5001, 7, dtype=np.int64)
         expect = np.array([ref.get(int(k), -1) for k in probe])
         for m in maps:
-            assert np.array_equal(m.get(probe), expect)
-            keys_, vals_ = m.items()
+            assert np.array_equal(m.get(0, probe), expect)
+            assert np.array_equal(m.get_all(probe)[0], expect)
+            keys_, vals_ = m.items(0)
             assert keys_.tolist() == sorted(ref) and vals_.tolist() == [ref[k] for k in sorted(ref)]
 
 
@@ -61,7 +63,7 @@ def test_tp_cache_on_hash_maps_matches_dense_maps(policy, monkeypatch):
         monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", limit)
         c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=40, cpu_slots=200, policy=policy,
                                  local_buffer_slots=48, payload_bytes=2))
-        assert isinstance(c.buffers.maps[0], HashSlotMap if limit == 0 else DenseSlotMap)
+        assert isinstance(c.buffers.maps, HashSlotMaps if limit == 0 else DenseSlotMaps)
         rng = np.random.default_rng(3)
         a = c.alloc_many([1, 2, 3], [300, 300, 300])
         c.write(a, rng.integers(0, 255, (a.size, 2), dtype=np.uint8))

@@ -5,9 +5,10 @@ its own GPU pool; the others are looked up in the rank's buffer (a hit: `num_loc
 from their home rank's GPU pool (after any promotion from CPU) over NVLink (`num_peer_fetches`, counted per
 receiving rank). Replacement per rank: free buffer slots first (lowest first), then exact LRU over buffer slots not
 used by this batch, by (last-use step, slot); the i-th miss of a rank (ascending address) takes the i-th slot.
-Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: a dense
-table when small, else a hash table). The slots live in a `pools.Pool` (storage grows with the copies held; the
-free-then-LRU replacement is the pool's, shared with the exact-LRU policy).
+Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: one dense
+table while the addresses in use keep it under slot_map.DENSE_LIMIT_BYTES, else hash tables), all ranks looked up
+at once. The slots live in a `pools.Pool` (storage grows with the copies held; the free-then-LRU replacement is the
+pool's, shared with the exact-LRU policy).
 """
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import slot_map
 from .errors import CapacityError, require
 from .plan import Plan
 from .pools import Pool
-from .slot_map import make_slot_maps
+
+
+def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.nonzero of a 2-D mask with few rows (row-major order), through flatnonzero (2-D nonzero is ~4x slower)."""
+    flat = np.flatnonzero(mask)
+    rows = np.repeat(np.arange(mask.shape[0], dtype=np.int64), np.count_nonzero(mask, axis=1))
+    return rows, flat - rows * mask.shape[1]
 
 
 @dataclass
@@ -26,6 +34,7 @@ class _BufState:
     hit_places: np.ndarray  # buffer-local places (rank r's slot s is r * seg + s)
     miss_addrs: np.ndarray  # grouped by rank
     counts: np.ndarray  # misses per rank
+    miss_rank: np.ndarray  # receiving rank of each miss
     dests: np.ndarray  # buffer-local places
     victims: np.ndarray
     hit_idx: np.ndarray  # pool storage positions of the hits and the dests
@@ -41,29 +50,33 @@ class LocalBuffers:
         self.base = base_place  # unified place of buffer-local place 0
         self.space = space
         self.slots_per_rank = space.slots_per_rank
-        self.maps = make_slot_maps(num_ranks, space, slots, dense_limit)
+        self.dense_limit = slot_map.DENSE_LIMIT_BYTES if dense_limit is None else dense_limit
+        self.maps = slot_map.make_slot_maps(num_ranks, space, slots, self.dense_limit)
+        space.listeners.append(self._refit_maps)  # after the dense table's own listener
 
-    def remote(self, uniq: np.ndarray, r: int) -> np.ndarray:
-        """Indices into `uniq` (ascending addresses) of the addresses not homed on rank r: all but one slice."""
-        lo, hi = np.searchsorted(uniq, [r * self.slots_per_rank, (r + 1) * self.slots_per_rank])
-        return np.concatenate([np.arange(lo, dtype=np.int64), np.arange(hi, uniq.size, dtype=np.int64)])
+    def _refit_maps(self, old: int) -> None:
+        self.maps = slot_map.fits(self.maps, self.slots, self.dense_limit)
 
     def plan(self, plan: Plan, old_places: np.ndarray) -> None:
+        """Every rank's buffer look-up and replacement at once: one (ranks x addresses) gather of the maps."""
         be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
-        hits, miss_idx = [], []
-        for r in range(R):  # loop over ranks
-            rem = self.remote(uniq, r)
-            if rem.size > self.slots:
-                raise CapacityError(
-                    f"TP rank {r} needs {rem.size} remote entries in one batch; its local buffer holds {self.slots}"
-                )
-            bs = self.maps[r].get(uniq.take(rem))
-            held = bs >= 0
-            hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
-            miss_idx.append(rem.take(np.flatnonzero(~held)))
-        counts = np.array([m.size for m in miss_idx], dtype=np.int64)
-        hit_places, miss_idx = np.concatenate(hits), np.concatenate(miss_idx)
-        miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
+        bounds = np.searchsorted(uniq, np.arange(R + 1, dtype=np.int64) * self.slots_per_rank)  # home slices
+        remote = uniq.size - np.diff(bounds)
+        over = np.flatnonzero(remote > self.slots)
+        if over.size:
+            r = int(over[0])
+            raise CapacityError(
+                f"TP rank {r} needs {int(remote[r])} remote entries in one batch; its local buffer holds {self.slots}"
+            )
+        bs = self.maps.get_all(uniq)  # (R, U): a rank never holds a copy of an entry homed on it
+        miss = bs < 0
+        for r in range(R):  # loop over ranks: entries homed on rank r are read from its own pool
+            miss[r, bounds[r]:bounds[r + 1]] = False
+        hr, hi = _nonzero_rows(bs >= 0)  # grouped by rank, ascending address within a rank
+        hit_places = bs[hr, hi].astype(np.int64) + hr * self.seg
+        miss_rank, miss_idx = _nonzero_rows(miss)
+        counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
+        miss_addrs = uniq.take(miss_idx)
         pool.reserve(counts)  # any storage growth before positions are taken
         hit_idx = pool.idx(hit_places)
         dest_idx, _ = pool.select_free_then_lru(be, counts, hit_idx)
@@ -75,42 +88,38 @@ class LocalBuffers:
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, dests, pool.owner.take(dest_idx), hit_idx,
-                                      dest_idx)
+        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, miss_rank, dests, pool.owner.take(dest_idx),
+                                      hit_idx, dest_idx)
 
     def commit(self, plan: Plan) -> None:
         st, pool = plan.buffer_state, self.pool
-        ends = np.cumsum(st.counts)
-        for r in range(self.R):  # loop over ranks: each rank's misses, dests and victims are one slice
-            sl = slice(int(ends[r] - st.counts[r]), int(ends[r]))
-            v = st.victims[sl]
-            self.maps[r].delete(v.take(np.flatnonzero(v >= 0)))
-            self.maps[r].set(st.miss_addrs[sl], st.dests[sl] - r * self.seg)
+        v = np.flatnonzero(st.victims >= 0)  # a victim is held by its rank, so never one of that rank's misses
+        self.maps.delete(st.miss_rank.take(v), st.victims.take(v))
+        self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg)
         pool.owner[st.dest_idx] = st.miss_addrs
         pool.stamps[st.hit_idx] = plan.now
         pool.stamps[st.dest_idx] = plan.now
 
+    def _held(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rank, index into addrs, buffer-local place) of every copy of `addrs`, grouped by rank."""
+        bs = self.maps.get_all(addrs)
+        r, i = _nonzero_rows(bs >= 0)
+        return r, i, bs[r, i].astype(np.int64) + r * self.seg
+
     def invalidate(self, addrs: np.ndarray) -> None:
         """Drop every rank's copies of freed addresses."""
-        for r in range(self.R):  # loop over ranks
-            bs = self.maps[r].get(addrs)
-            held = np.flatnonzero(bs >= 0)
-            self.pool.give_back(self.be, self.pool.idx(bs.take(held) + r * self.seg))
-            self.maps[r].delete(addrs.take(held))
+        r, i, places = self._held(addrs)
+        self.pool.give_back(self.be, self.pool.idx(places))
+        self.maps.delete(r, addrs.take(i))
 
     def slots_of(self, addrs: np.ndarray, r: int) -> np.ndarray:
         """Rank r's buffer slot of each address, -1 where it holds no copy."""
-        return self.maps[r].get(addrs)
+        return self.maps.get(r, addrs)
 
     def copies(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index into addrs, unified place) of every buffer copy of `addrs`."""
-        idx, places = [], []
-        for r in range(self.R):  # loop over ranks
-            bs = self.maps[r].get(addrs)
-            held = np.flatnonzero(bs >= 0)
-            idx.append(held)
-            places.append(self.base + r * self.seg + bs.take(held))
-        return np.concatenate(idx), np.concatenate(places)
+        _, i, places = self._held(addrs)
+        return i, self.base + places
 
     def held(self) -> int:
         """Copies held now, all ranks."""
@@ -132,7 +141,7 @@ class LocalBuffers:
         require((owners // self.slots_per_rank != rank).all(), "a local buffer holds a copy of an entry homed there")
         for r in range(self.R):  # loop over ranks
             sel = rank == r
-            keys, vals = self.maps[r].items()
+            keys, vals = self.maps.items(r)
             order = np.argsort(owners[sel])
             require(np.array_equal(keys, owners[sel][order]), "local-buffer map keys disagree with the owners")
             require(np.array_equal(vals, occ[sel][order] - r * self.seg), "local-buffer map slots disagree")

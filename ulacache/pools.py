@@ -30,6 +30,22 @@ def pack_summary(nonzero: np.ndarray) -> np.ndarray:
     return np.packbits(nonzero, bitorder="little")
 
 
+def merge_by_rank(parts: list[np.ndarray], found: list[np.ndarray]) -> np.ndarray:
+    """Concatenate arrays each grouped by rank (found[k][r] items of rank r in parts[k]) into one grouped by rank,
+    part order kept within a rank (what a stable sort by rank gives, without the sort)."""
+    if len(parts) == 1 or found[0].size == 1:
+        return np.concatenate(parts)
+    f = np.stack(found)  # (parts, R)
+    start = np.cumsum(f.sum(axis=0)) - f.sum(axis=0)  # first position of each rank
+    before = np.cumsum(f, axis=0) - f  # items of the rank in earlier parts
+    out = np.empty(int(f.sum()), dtype=np.int64)
+    for k, p in enumerate(parts):  # loop over parts (a few)
+        fk = f[k]
+        first = np.cumsum(fk) - fk
+        out[np.repeat(start + before[k] - first, fk) + np.arange(p.size)] = p
+    return out
+
+
 class IdStack:
     """Free list of integer ids in [lo, hi): never-used ids come out ascending, freed ids are reused LIFO.
 
@@ -201,10 +217,7 @@ class Pool:
         if not rest.any():
             return s0, f0
         s1, f1 = self.lru_select(be, rest, protected)
-        dests = np.concatenate([s0, s1])
-        if self.R > 1 and s0.size:
-            dests = dests.take(np.argsort(self.rank_of_idx(dests), kind="stable"))
-        return dests, f0 + f1
+        return merge_by_rank([s0, s1], [f0, f1]), f0 + f1
 
     # -- views -------------------------------------------------------------------------------------------------------
     def dense(self, arr: np.ndarray, fill, per_id: float = 1) -> np.ndarray:
@@ -254,4 +267,4 @@ class CpuPools:
             self.free[r].push(places[ranks == r])
 
 
-__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "Pool", "RankRows", "pack_summary", "pad64"]
+__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "Pool", "merge_by_rank", "RankRows", "pack_summary", "pad64"]

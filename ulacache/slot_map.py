@@ -15,29 +15,45 @@ _EMPTY, _TOMB = -1, -2
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
 
-class DenseSlotMap:
-    """Keys are allocated addresses of `space` (an AddressSpace); the table follows its storage rows."""
+class DenseSlotMaps:
+    """Every rank's address -> slot table as one (R, addresses in storage) int32 array; keys are allocated
+    addresses of `space` (an AddressSpace) and the table follows its storage rows. One gather answers all ranks."""
 
-    def __init__(self, space, capacity: int = 0):
-        self.space = space
-        self.table = np.full(space.table.size, -1, dtype=np.int32)
+    def __init__(self, num_ranks: int, space):
+        self.R, self.space = num_ranks, space
+        self.table = np.full((num_ranks, space.table.size), -1, dtype=np.int32)
         space.listeners.append(self._grow)
 
     def _grow(self, old: int) -> None:
-        self.table = self.space.rows.relayout(self.table, old, -1)
+        self.table = np.stack([self.space.rows.relayout(t, old, -1) for t in self.table])
 
-    def get(self, addrs: np.ndarray) -> np.ndarray:
-        return self.table.take(self.space.index(addrs)).astype(np.int64)
+    def to_hash(self, capacity: int) -> HashSlotMaps:
+        """The same maps as hash maps (this table stops following the address space)."""
+        self.space.listeners.remove(self._grow)
+        out = HashSlotMaps(self.R, capacity)
+        for r in range(self.R):  # loop over ranks
+            keys, vals = self.items(r)
+            out.maps[r].set(keys, vals)
+        return out
 
-    def set(self, addrs: np.ndarray, slots: np.ndarray) -> None:
-        self.table[self.space.index(addrs)] = slots
+    def get_all(self, addrs: np.ndarray) -> np.ndarray:
+        """(R, len(addrs)) slots, -1 where a rank holds no copy."""
+        return self.table.take(self.space.index(addrs), axis=1)
 
-    def delete(self, addrs: np.ndarray) -> None:
-        self.table[self.space.index(addrs)] = -1
+    def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
+        return self.table[r].take(self.space.index(addrs)).astype(np.int64)
 
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        at = np.flatnonzero(self.table >= 0)
-        return self.space.rows.ids(at), self.table[at].astype(np.int64)
+    def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
+        """Insert absent keys (rank, address) -> slot."""
+        self.table[ranks, self.space.index(addrs)] = slots
+
+    def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
+        self.table[ranks, self.space.index(addrs)] = -1
+
+    def items(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rank r's (addresses ascending, slots)."""
+        at = np.flatnonzero(self.table[r] >= 0)
+        return self.space.rows.ids(at), self.table[r][at].astype(np.int64)
 
 
 class HashSlotMap:
@@ -128,14 +144,48 @@ class HashSlotMap:
         return self.keys[at][order], self.vals[at][order]
 
 
-def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int | None = None) -> list:
-    """One map per rank: dense while num_ranks x space.size x 4 bytes <= dense_limit (default DENSE_LIMIT_BYTES,
-    read at call time), else hash maps."""
-    if dense_limit is None:
-        dense_limit = DENSE_LIMIT_BYTES
-    if num_ranks * space.size * 4 <= dense_limit:
-        return [DenseSlotMap(space, capacity) for _ in range(num_ranks)]
-    return [HashSlotMap(capacity) for _ in range(num_ranks)]
+class HashSlotMaps:
+    """Every rank's map as a hash map (same interface as DenseSlotMaps)."""
+
+    def __init__(self, num_ranks: int, capacity: int):
+        self.R = num_ranks
+        self.maps = [HashSlotMap(capacity) for _ in range(num_ranks)]
+
+    def get_all(self, addrs: np.ndarray) -> np.ndarray:
+        return np.stack([m.get(addrs) for m in self.maps]) if self.R else np.zeros((0, addrs.size), np.int64)
+
+    def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
+        return self.maps[r].get(addrs)
+
+    def _by_rank(self, ranks: np.ndarray):
+        for r in np.unique(ranks).tolist():  # loop over ranks
+            yield r, np.flatnonzero(ranks == r)
+
+    def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
+        for r, i in self._by_rank(ranks):
+            self.maps[r].set(addrs.take(i), slots.take(i))
+
+    def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
+        for r, i in self._by_rank(ranks):
+            self.maps[r].delete(addrs.take(i))
+
+    def items(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.maps[r].items()
 
 
-__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMap", "HashSlotMap", "make_slot_maps"]
+def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int) -> DenseSlotMaps | HashSlotMaps:
+    """All ranks' maps: dense while num_ranks x (addresses in storage) x 4 bytes <= dense_limit, else hash maps
+    (the owner switches a dense map to hash maps when address storage outgrows the limit, see `fits`)."""
+    if num_ranks * max(space.table.size, 1) * 4 <= dense_limit:
+        return DenseSlotMaps(num_ranks, space)
+    return HashSlotMaps(num_ranks, capacity)
+
+
+def fits(maps, capacity: int, dense_limit: int):
+    """`maps`, or the same maps as hash maps once a dense table has grown past dense_limit bytes."""
+    if isinstance(maps, DenseSlotMaps) and maps.table.nbytes > dense_limit:
+        return maps.to_hash(capacity)
+    return maps
+
+
+__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMaps", "HashSlotMap", "HashSlotMaps", "fits", "make_slot_maps"]

@@ -15,7 +15,7 @@ import numpy as np
 from ..address_space import AddressSpace, water_fill
 from ..errors import CapacityError, require
 from ..plan import Plan
-from ..pools import CpuPools, Pool
+from ..pools import CpuPools, Pool, merge_by_rank
 
 
 def interleave(quota: np.ndarray) -> np.ndarray:
@@ -233,12 +233,12 @@ class ExclusivePolicy:
     def _check_policy(self, alloc, places, on_gpu) -> None:
         pass
 
-    def _by_rank(self, parts: list[np.ndarray]) -> np.ndarray:
-        """Concatenate replacement slots taken in priority order and group them by rank (stable)."""
-        slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        if self.cfg.num_ranks > 1 and len(parts) > 1:
-            slots = slots[np.argsort(self.gpu.rank_of_idx(slots), kind="stable")]
-        return slots
+    def _by_rank(self, parts: list[np.ndarray], found: list[np.ndarray]) -> np.ndarray:
+        """Concatenate replacement slots taken in priority order (parts[k] holds found[k][r] slots of rank r, grouped
+        by rank) into one array grouped by rank, priority order kept within a rank."""
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return merge_by_rank(parts, found)
 
 
 __all__ = ["ExchangeState", "ExclusivePolicy", "interleave"]

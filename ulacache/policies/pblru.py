@@ -25,11 +25,12 @@ class PbLruPolicy(ExclusivePolicy):
         be, buckets = self.be, self.buckets
         buckets.remove(be, hit_gidx, self.gpu.stamps, now)  # recency update: hits move to the current bucket
         buckets.add(be, hit_gidx, now, now)
-        parts = []
+        parts, founds = [], []
         remaining = m_counts
         if remaining.any():
             slots, found = self.gpu.take_free(be, remaining)
             parts.append(slots)
+            founds.append(found)
             remaining = remaining - found
         for kind, row in buckets.eviction_order(now):
             if not remaining.any():
@@ -39,9 +40,10 @@ class PbLruPolicy(ExclusivePolicy):
             slots, found = buckets.take(be, kind, row, remaining)
             if slots.size:
                 parts.append(slots)
+                founds.append(found)
             remaining = remaining - found
         require(not remaining.any(), "capacity was checked before selection")
-        dests = self._by_rank(parts)
+        dests = self._by_rank(parts, founds)
         buckets.add(be, dests, now, now)
         return dests
 
