@@ -208,7 +208,10 @@ def run(quick: bool = False) -> tuple[dict, dict | None, dict]:
 def add_hisparse(calib: dict, path: str) -> None:
     """Merge the HiSparse swap-in keys measured by `hw hisparse` (its JSON) into a calibration."""
     res = json.loads(Path(path).read_text())
-    calib["costs"].update(res["costs"])
+    costs = dict(res["costs"])
+    costs["hisparse_swapin_efficiency_by_batch"] = {int(k): float(v) for k, v in
+                                                    costs["hisparse_swapin_efficiency_by_batch"].items()}  # JSON keys
+    calib["costs"].update(costs)
     calib["provenance"]["hisparse"] = {"from": str(path), "date": res["date"], "command": res["command"],
                                        "source_digest": res["device"]["source_digest"]}
 
