@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import policy_compare
+from reports import policy_compare, tornado
 from reports.collect import Results, collect
 from reports.figures import ALL, Figure
 from reports.frame import Skip, prepare
@@ -56,6 +56,8 @@ def build_report(result_dir, out_dir=None) -> Path:
             continue
         for fig in made if isinstance(made, list) else [made]:
             sections.append(_section(fig))
+    for i, d in enumerate(tornado.find(res.root)[0]):  # `ulacache sensitivity` tables: tornado figures
+        sections.append(_tornado_section(d, res.root, out, i))
     n_ok = int((res.runs.get("status", pd.Series(dtype=str)).fillna("ok") == "ok").sum()) if len(res.runs) else 0
     n_err = len(res.runs) - n_ok
     head = (f"<h1>UlaCache report</h1><p class='cap'>Built {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC} "
@@ -85,13 +87,26 @@ def _collect(result_dir) -> Results:
         res = collect(result_dir)
     except ValueError:
         root = Path(result_dir)
-        if not root.is_dir() or not policy_compare.find(root)[0]:
+        if not root.is_dir() or not (policy_compare.find(root)[0] or tornado.find(root)[0]):
             raise
         res = Results(root, pd.DataFrame(), [], [], [], [])
     comps, notes = policy_compare.find(res.root)
     res.sources += [c.path for c in comps]
     res.notes += notes
+    dirs, notes = tornado.find(res.root)
+    res.sources += [str(d.relative_to(res.root)) for d in dirs]
+    res.notes += notes
     return res
+
+
+def _tornado_section(d: Path, root: Path, out: Path, i: int) -> str:
+    """One `ulacache sensitivity` table as a tornado figure + its ranked table."""
+    png = f"tornado_{i}.png"
+    table = tornado.draw(d, out / png).reset_index(names="constant")
+    rel = str(d.relative_to(root)) or "."
+    cap = (f"From {rel}/sensitivity.*: each assumed constant of sim/COSTS.md replayed at 0.5x and 1.5x; bars are "
+           "the % change of peak decode throughput, TPOT and admitted concurrency against the unperturbed replay.")
+    return _section(Figure(f"tornado_{i}", f"Sensitivity to assumed constants ({rel})", png, cap, table))
 
 
 def _section(fig: Figure) -> str:

@@ -11,8 +11,8 @@ import importlib
 import sys
 
 # Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
-COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare_cli", "hw.cli", "reports.cli",
-                   "ulacache_cli.demo")
+COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare_cli", "sim.sensitivity_cli", "hw.cli",
+                   "reports.cli", "ulacache_cli.demo")
 
 
 class UsageError(ValueError):

@@ -1,0 +1,166 @@
+"""`ulacache sensitivity`: how far the headline figures move when each ASSUMED constant is off by +-50%.
+
+Every constant the fidelity ledger (sim/COSTS.md) marks *assumed* -- no measurement, calibration or datasheet
+behind it -- is listed in `ASSUMED` with the config key that sets it. Each is replayed at 0.5x and 1.5x its resolved
+value (clipped to the key's valid range; the value used is reported) with everything else fixed, and the change of
+peak decode throughput, TPOT and admitted concurrency against the unperturbed replay is tabulated. Constants that
+cannot act on the config (HiSparse keys for another system, acceptance without speculative decoding) are skipped.
+
+Kept fast by a small default workload (`SMALL_WORKLOAD`: 16 requests at concurrency 16, 32 decode steps, the policy
+on one indexer group, no pilot) applied over the config and under the user's `--set`; `full=True` keeps the config's.
+Throughput and TPOT come from that replay. Admitted concurrency is a property of the sizing, not of a small run: it
+comes from an admission probe (`ADMISSION_PROBE`: 1,024 requests offered at once, one decode step), run for the base
+and for the constants that change capacity (`capacity=True`); the others cannot move admission (the engine admits on
+capacity alone) and carry the base figure.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+SMALL_WORKLOAD = ("workload.num_requests=16", "workload.max_concurrency=16", "workload.max_steps=32",
+                  "fidelity.pilot_steps=0", "fidelity.policy_groups=1")
+ADMISSION_PROBE = ("workload.num_requests=1024", "workload.max_concurrency=1024", "workload.max_steps=1",
+                   "fidelity.pilot_steps=0", "fidelity.policy_groups=1", "fidelity.request_fraction=0.03125")
+FACTORS = (0.5, 1.5)
+METRICS = ("throughput_tok_s", "tpot_ms", "admitted")
+
+
+@dataclass(frozen=True)
+class Constant:
+    """An assumed constant: the dotted config key that sets it, where its default comes from, its valid range."""
+
+    key: str
+    source: str
+    lo: float = 0.0
+    hi: float = math.inf
+    integer: bool = False
+    applies: Callable = lambda cfg: True
+    capacity: bool = False  # acts on the budgets / sizing (admission), not only on step times
+
+
+def _hisparse(cfg) -> bool:
+    return cfg.system == "hisparse"
+
+
+def _policy(cfg) -> bool:
+    return cfg.system != "sglang"
+
+
+def _spec(cfg) -> bool:
+    return cfg.query_tokens > 1
+
+
+ASSUMED: tuple[Constant, ...] = (
+    Constant("costs.flops_efficiency", "share of dense FP8/BF16 peak reached by decode GEMMs/attention", 1e-3, 1.0),
+    Constant("costs.step_overhead_s", "scheduler + sampling per decode step (200 us)"),
+    Constant("costs.draft_layer_equiv", "an MTP draft pass = one model layer per draft token", applies=_spec),
+    Constant("costs.collective_latency_s", "per NCCL collective on NVLink (10 us class)"),
+    Constant("costs.attn_kernels_per_layer", "kernels of sparse MLA attention per layer (2)", 1, integer=True),
+    Constant("costs.moe_kernels_per_layer", "kernels of MoE/FFN per layer (8)", 1, integer=True),
+    Constant("costs.indexer_kernels", "kernels of the indexer per layer (3)", 1, integer=True),
+    Constant("costs.indexer_score_bytes", "bytes per (key, query) score written and read by top-k (8)"),
+    Constant("costs.hisparse_per_ref_s", "HiSparse hash + LRU per top-k reference (HKV lookup rate)",
+             applies=_hisparse),
+    Constant("costs.hisparse_swapin_efficiency", "HiSparse copy efficiency fallback (naive gather 0.36)", 1e-3, 1.0,
+             applies=_hisparse),
+    Constant("memory.gpu_reserve_bytes", "GPU reserve for activations, CUDA graphs, workspace (8 GB)",
+             capacity=True),
+    Constant("memory.host_kv_fraction", "share of host memory given to KV (0.75)", 1e-3, 1.0, applies=_policy,
+             capacity=True),
+    Constant("model.attn_weight_bytes", "attention + indexer weights (estimate from the projections)",
+             capacity=True),
+    Constant("model.routed_weight_fraction", "share of weights in routed experts (0.95)", 0.0, 1.0),
+    Constant("spec.accept_mean", "mean accepted tokens per verify step (3.0 of DESIGN §7's 2.2-3.5)", 1.0,
+             applies=_spec),
+)
+
+
+def base_value(cfg, costs, key: str) -> float:
+    """The resolved value of `key` in this config (cost model after calibration, presets, defaults)."""
+    section, name = key.split(".", 1)
+    if section == "costs":
+        return float(costs[name])
+    if section == "model":
+        return float(getattr(cfg.model, name))
+    if section == "hardware":
+        return float(getattr(cfg.hardware, name))
+    if section == "spec" and name == "accept_mean":
+        q = cfg.query_tokens
+        return float(cfg.spec["accept_mean"] if cfg.spec["accept_mean"] is not None else 1 + 2 * (q - 1) / 3)
+    return float(getattr(cfg, section)[name])
+
+
+def perturbed(c: Constant, value: float, factor: float, cfg) -> float:
+    hi = min(c.hi, float(cfg.query_tokens)) if c.key == "spec.accept_mean" else c.hi
+    out = min(max(value * factor, c.lo), hi)
+    return float(round(out)) if c.integer else out
+
+
+def headline(m: dict) -> dict:
+    """Peak decode throughput and TPOT (mean time per output token of a running request, from the timed steps: the
+    small workload stops before requests finish) of one replay's metrics."""
+    steps, tokens = m["decode_steps"], m["decode_tokens"]
+    per_req_step = tokens / max(steps, 1) / max(m["mean_concurrency"], 1e-9)
+    return {"throughput_tok_s": m["decode_throughput_tok_s"],
+            "tpot_ms": m["step_ms_mean"] / per_req_step if per_req_step else float("nan")}
+
+
+def admitted(tree: dict, calibration, extra: list[str]) -> float:
+    """Requests admitted at once when far more are offered than fit (the admission probe)."""
+    import sim
+
+    return float(sim.replay(tree, None, calibration=calibration,
+                            overrides=list(ADMISSION_PROBE) + extra)["max_admitted_concurrency"])
+
+
+def _text(value: float, c: Constant) -> str:
+    """A --set value YAML reads back as this number (YAML 1.1 takes '1e-05' for a string)."""
+    return str(int(value)) if c.integer else f"{value:.12e}"
+
+
+def _pct(new: float, old: float) -> float:
+    return (new / old - 1.0) * 100.0 if old else float("nan")
+
+
+def run(config, overrides: list[str] | None = None, calibration=None, full: bool = False,
+        progress: Callable | None = None) -> dict:
+    """Base replay + two per applicable assumed constant. Returns {"base", "rows", "skipped", ...}."""
+    import sim
+    from sim.config import build, load_config
+    from sim.costs import CostModel
+
+    sets = ([] if full else list(SMALL_WORKLOAD)) + list(overrides or [])
+    tree = load_config(config, sets)
+    cfg = build(tree)
+    costs = CostModel.load(cfg.hardware, cfg.model, calibration, overrides=cfg.costs)
+    t0 = time.perf_counter()
+    base = headline(sim.replay(tree, None, calibration=calibration))
+    base["admitted"] = admitted(tree, calibration, [])
+    todo = [c for c in ASSUMED if c.applies(cfg)]
+    skipped = [c.key for c in ASSUMED if not c.applies(cfg)]
+    rows = []
+    for i, c in enumerate(todo):
+        value = base_value(cfg, costs, c.key)
+        for factor in FACTORS:
+            v = perturbed(c, value, factor, cfg)
+            setting = [f"{c.key}={_text(v, c)}"]
+            got = headline(sim.replay(tree, None, calibration=calibration, overrides=setting))
+            got["admitted"] = admitted(tree, calibration, setting) if c.capacity else base["admitted"]
+            row = {"constant": c.key, "source": c.source, "factor": factor, "base_value": value, "value": v,
+                   "admission_probed": c.capacity}
+            row.update(got)
+            row.update({f"d_{k}_pct": _pct(got[k], base[k]) for k in METRICS})
+            rows.append(row)
+        if progress is not None:
+            progress(i + 1, len(todo))
+    spread = {c: max(abs(r["d_throughput_tok_s_pct"]) for r in rows if r["constant"] == c) for c in
+              {r["constant"] for r in rows}}
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "config": tree,
+            "small_workload": None if full else list(SMALL_WORKLOAD), "factors": list(FACTORS), "base": base,
+            "admission_probe": list(ADMISSION_PROBE), "rows": rows, "skipped": skipped, "ranking": sorted(spread, key=spread.get, reverse=True),
+            "cost_model": costs.provenance, "replays": 1 + len(rows), "wall_s": time.perf_counter() - t0,
+            "load": list(os.getloadavg())}

@@ -1,0 +1,93 @@
+"""`ulacache sensitivity` (+-50% on each assumed constant) and its tornado figure, on a tiny SGLang config."""
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from sim import sensitivity
+from sim.config import build, resolve
+from sim.costs import CostModel
+
+TINY = {"system": "sglang", "attention": "dp", "hardware": {"preset": "h200", "num_gpus": 8},
+        "model": {"preset": "glm-5.2"}, "spec": {"draft_tokens": 0}, "workload": {"num_requests": 8, "seed": 3}}
+
+
+def test_perturbation_is_clipped_to_the_valid_range_and_reads_back():
+    cfg = build(resolve({**TINY, "spec": {"draft_tokens": 4}}))
+    costs = CostModel.load(cfg.hardware, cfg.model)
+    by_key = {c.key: c for c in sensitivity.ASSUMED}
+    frac = by_key["memory.host_kv_fraction"]
+    assert sensitivity.perturbed(frac, 0.75, 1.5, cfg) == 1.0  # 1.125 is not a valid fraction
+    acc = by_key["spec.accept_mean"]
+    assert sensitivity.base_value(cfg, costs, acc.key) == pytest.approx(3.0)
+    assert sensitivity.perturbed(acc, 3.0, 1.5, cfg) == 4.0  # at most the verify tokens
+    kern = by_key["costs.moe_kernels_per_layer"]
+    assert sensitivity.perturbed(kern, 3.0, 0.5, cfg) == 2.0  # integer counts stay integers
+    assert sensitivity.base_value(cfg, costs, "costs.step_overhead_s") == costs["step_overhead_s"]
+    for value in (1e-05, 8e9, 0.36):  # YAML 1.1 reads '1e-05' as a string; the --set text must read back a number
+        c = by_key["costs.step_overhead_s"]
+        assert yaml.safe_load(sensitivity._text(value, c)) == pytest.approx(value)
+    # constants that cannot act on the config are skipped
+    applies = {c.key for c in sensitivity.ASSUMED if c.applies(cfg)}
+    assert "spec.accept_mean" in applies and "costs.hisparse_per_ref_s" not in applies
+
+
+def test_headline_tpot_from_steps():
+    m = {"decode_steps": 10, "decode_tokens": 300.0, "mean_concurrency": 10.0, "step_ms_mean": 30.0,
+         "decode_throughput_tok_s": 1000.0, "max_admitted_concurrency": 10}
+    assert sensitivity.headline(m)["tpot_ms"] == pytest.approx(10.0)  # 3 tokens per request per 30-ms step
+
+
+@pytest.fixture(scope="module")
+def sens_dir(tmp_path_factory):
+    from ulacache_cli.main import main
+
+    root = tmp_path_factory.mktemp("sens")
+    cfg = root / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    out = root / "results" / "sens"
+    assert main(["sensitivity", str(cfg), "--out", str(out), "--quiet", "--set", "workload.max_steps=8"]) == 0
+    return cfg, out
+
+
+def test_sensitivity_run_writes_table_and_moves_what_it_should(sens_dir):
+    cfg, out = sens_dir
+    table = pd.read_parquet(out / "sensitivity.parquet")
+    assert len(pd.read_csv(out / "sensitivity.csv")) == len(table)
+    meta = json.loads((out / "sensitivity.json").read_text())
+    built = build(resolve(TINY))
+    applicable = [c.key for c in sensitivity.ASSUMED if c.applies(built)]
+    assert sorted(set(table["constant"])) == sorted(applicable) and len(table) == 2 * len(applicable)
+    assert meta["replays"] == 1 + len(table) and meta["base"]["throughput_tok_s"] > 0
+    row = table.set_index(["constant", "factor"])
+    # slower compute -> lower throughput, longer TPOT; a larger GPU reserve -> fewer requests fit (SGLang: GPU-bound)
+    assert row.loc[("costs.flops_efficiency", 0.5), "d_throughput_tok_s_pct"] < 0
+    assert row.loc[("costs.flops_efficiency", 0.5), "d_tpot_ms_pct"] > 0
+    assert row.loc[("memory.gpu_reserve_bytes", 1.5), "d_admitted_pct"] < 0
+    assert row.loc[("memory.gpu_reserve_bytes", 0.5), "d_admitted_pct"] > 0
+    assert (row.xs("costs.step_overhead_s")["d_admitted_pct"] == 0).all()  # step costs never move admission
+    assert meta["ranking"][0] in applicable
+
+
+def test_sensitivity_refuses_to_overwrite(sens_dir):
+    from ulacache_cli.main import main
+
+    cfg, out = sens_dir
+    before = (out / "sensitivity.csv").read_bytes()
+    assert main(["sensitivity", str(cfg), "--out", str(out), "--quiet"]) == 2
+    assert (out / "sensitivity.csv").read_bytes() == before
+
+
+def test_tornado_figure_and_report_section(sens_dir, tmp_path):
+    from reports import tornado
+    from reports.html import build_report
+
+    _, out = sens_dir
+    ranked = tornado.draw(out, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    spans = ranked[["d_throughput_tok_s_pct_low", "d_throughput_tok_s_pct_high"]].abs().max(axis=1)
+    assert list(spans) == sorted(spans, reverse=True)
+    index = build_report(out.parent, tmp_path / "report")
+    page = index.read_text()
+    assert "Sensitivity to assumed constants" in page and (tmp_path / "report" / "tornado_0.png").exists()
