@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-gpu bench lint clean
+.PHONY: help install demo test test-gpu bench lint clean browser
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,10 @@ bench: $(STAMP)  ## run the CPU benchmarks, JSON under bench/results/
 	$(BIN)/python bench/trace_bench.py
 	$(BIN)/python bench/sim_bench.py
 	$(BIN)/python bench/sweep_bench.py
+
+browser:  ## install Chromium from the OS packages (apt-get; for tests/test_report_browser.py)
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -q
+	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check ulacache traces sim hw reports ulacache_cli tests bench
