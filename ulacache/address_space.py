@@ -44,7 +44,7 @@ class AddressSpace:
         self.rows = RankRows(num_ranks, slots_per_rank, slots_per_rank)
         self.table = np.zeros(0, dtype=self.place_dtype)  # place of each address in storage, -1 unallocated
         self.req_of = np.zeros(0, dtype=np.int32)
-        self.marker = np.zeros(1, dtype=bool)  # dedup scratch over storage (+1: where -1 padding lands)
+        self.scratch = np.zeros(1, dtype=bool)  # dedup marker over storage (+1: where -1 padding lands)
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]
         self.requests: dict[int, Request] = {}
         self._next_index = 0
@@ -68,7 +68,7 @@ class AddressSpace:
             old = self.rows.grow(need)
             self.table = self.rows.relayout(self.table, old, -1)
             self.req_of = self.rows.relayout(self.req_of, old, -1)
-            self.marker = np.zeros(self.num_ranks * self.rows.cap + 1, dtype=bool)
+            self.scratch = np.zeros(self.num_ranks * self.rows.cap + 1, dtype=bool)
             for grow in self.listeners:
                 grow(old)
         return out
@@ -95,6 +95,12 @@ class AddressSpace:
         out = np.full((self.num_ranks, self.slots_per_rank), -1, dtype=self.place_dtype)
         out[:, : self.rows.cap] = self.table.reshape(self.num_ranks, -1)
         return out.ravel()
+
+    @property
+    def marker(self) -> np.ndarray:
+        """An all-False dedup marker over the whole address space (+1). TODO(H6): remove after hw/ uses
+        UlaCache.device_state()."""
+        return np.zeros(self.size + 1, dtype=bool)
 
     def request(self, request_id: int, rank: int) -> Request:
         """The request's record, created on first use (not yet registered: call `register`)."""

@@ -22,8 +22,8 @@ class BucketBitmaps:
     def __init__(self, pool: Pool, num_recent: int):
         self.pool, self.num_recent = pool, num_recent
         words = pool.free_nz.size
-        self.ring = np.zeros((num_recent + 1, words * 8), dtype=np.uint8)
-        self.cold = np.zeros(words * 8, dtype=np.uint8)
+        self.ring_bits = np.zeros((num_recent + 1, words * 8), dtype=np.uint8)
+        self.cold_bits = np.zeros(words * 8, dtype=np.uint8)
         self.ring_nz = np.zeros((num_recent + 1, words), dtype=bool)  # summaries: word w of the row is non-zero
         self.cold_nz = np.zeros(words, dtype=bool)
         # Members per bucket (ring rows, then cold): lets the candidate search skip empty buckets without a scan.
@@ -32,9 +32,9 @@ class BucketBitmaps:
 
     def _grow(self, old: int) -> None:
         rows = self.pool.rows
-        self.ring = np.stack([rows.relayout(r, old, 0, 1 / 8) for r in self.ring])
+        self.ring_bits = np.stack([rows.relayout(r, old, 0, 1 / 8) for r in self.ring_bits])
         self.ring_nz = np.stack([rows.relayout(r, old, False, 1 / 64) for r in self.ring_nz])
-        self.cold = rows.relayout(self.cold, old, 0, 1 / 8)
+        self.cold_bits = rows.relayout(self.cold_bits, old, 0, 1 / 8)
         self.cold_nz = rows.relayout(self.cold_nz, old, False, 1 / 64)
 
     def row(self, stamp: int) -> int:
@@ -44,7 +44,7 @@ class BucketBitmaps:
         i = self.row(now)
         if self.count[i]:
             w = np.flatnonzero(self.ring_nz[i])  # only the row's non-zero words
-            cold, ring = self.cold.view("<u8"), self.ring[i].view("<u8")
+            cold, ring = self.cold_bits.view("<u8"), self.ring_bits[i].view("<u8")
             cold[w] |= ring[w]
             ring[w] = 0
             self.cold_nz[w] = True
@@ -53,18 +53,18 @@ class BucketBitmaps:
             self.count[i] = 0
 
     def _bits(self, kind: str, row: int) -> tuple[np.ndarray, np.ndarray]:
-        return (self.cold, self.cold_nz) if kind == "cold" else (self.ring[row], self.ring_nz[row])
+        return (self.cold_bits, self.cold_nz) if kind == "cold" else (self.ring_bits[row], self.ring_nz[row])
 
     def _store(self, kind: str, row: int, bitmap: np.ndarray, slots: np.ndarray, delta: int) -> None:
         """Install the bitmap after a write of `slots`, refresh the touched words' summary flags, count members."""
         w = slots >> 6
         if kind == "cold":
-            self.cold = bitmap
+            self.cold_bits = bitmap
             self.cold_nz[w] = bitmap.view("<u8")[w] != 0
             self.count[-1] += delta
         else:
-            self.ring[row] = bitmap
-            self.ring_nz[row, w] = self.ring[row].view("<u8")[w] != 0
+            self.ring_bits[row] = bitmap
+            self.ring_nz[row, w] = self.ring_bits[row].view("<u8")[w] != 0
             self.count[row] += delta
 
     def _write(self, be, age: int, now: int, slots: np.ndarray, value: bool) -> None:
@@ -106,10 +106,16 @@ class BucketBitmaps:
             self._store(kind, row, be.to_numpy(be.bitmap_clear(bm, be.asarray(slots))), slots, -slots.size)
         return slots, found
 
-    def dense(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ring, cold) over the full GPU place layout (R * seg slots), for snapshots."""
-        ring = np.stack([self.pool.dense(r, 0, 1 / 8) for r in self.ring])
-        return ring, self.pool.dense(self.cold, 0, 1 / 8)
+    @property
+    def ring(self) -> np.ndarray:
+        """Ring rows over the full GPU place layout (R * seg slots). TODO(H6): remove after hw/ uses
+        UlaCache.device_state()."""
+        return np.stack([self.pool.dense(r, 0, 1 / 8) for r in self.ring_bits])
+
+    @property
+    def cold(self) -> np.ndarray:
+        """Cold bitmap over the full GPU place layout. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        return self.pool.dense(self.cold_bits, 0, 1 / 8)
 
 
 __all__ = ["BucketBitmaps"]

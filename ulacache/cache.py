@@ -179,8 +179,8 @@ class UlaCache:
             rank = self._rank(rank)
         be, space = self.be, self.space
         ix = self._storage_index(flat, "selected", allow_padding=True)
-        uix, marker = be.dedup(be.asarray(ix), be.asarray(space.marker))
-        space.marker = be.to_numpy(marker)
+        uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
+        space.scratch = be.to_numpy(scratch)
         uix = be.to_numpy(uix)
         places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
         uniq = space.rows.ids(uix)

@@ -88,7 +88,7 @@ class LocalBuffers:
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, miss_rank, dests, pool.owner.take(dest_idx),
+        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, miss_rank, dests, pool.own.take(dest_idx),
                                       hit_idx, dest_idx)
 
     def commit(self, plan: Plan) -> None:
@@ -96,9 +96,9 @@ class LocalBuffers:
         v = np.flatnonzero(st.victims >= 0)  # a victim is held by its rank, so never one of that rank's misses
         self.maps.delete(st.miss_rank.take(v), st.victims.take(v))
         self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg)
-        pool.owner[st.dest_idx] = st.miss_addrs
-        pool.stamps[st.hit_idx] = plan.now
-        pool.stamps[st.dest_idx] = plan.now
+        pool.own[st.dest_idx] = st.miss_addrs
+        pool.stamp[st.hit_idx] = plan.now
+        pool.stamp[st.dest_idx] = plan.now
 
     def _held(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rank, index into addrs, buffer-local place) of every copy of `addrs`, grouped by rank."""
@@ -123,20 +123,20 @@ class LocalBuffers:
 
     def held(self) -> int:
         """Copies held now, all ranks."""
-        return int(np.count_nonzero(self.pool.owner >= 0))
+        return int(np.count_nonzero(self.pool.own >= 0))
 
     @property
     def owner(self) -> np.ndarray:
         """Owner of each buffer-local place (dense over R * seg). TODO(H6): remove after hw/ uses layout()."""
-        return self.pool.dense(self.pool.owner, -1)
+        return self.pool.owner
 
     def check(self) -> None:
         pool = self.pool
         pool.check(require, "local-buffer")
-        occ_idx = np.flatnonzero(pool.owner >= 0)
+        occ_idx = np.flatnonzero(pool.own >= 0)
         occ = pool.places(occ_idx)
         rank = occ // self.seg
-        owners = pool.owner[occ_idx]
+        owners = pool.own[occ_idx]
         require((self.space.places(owners) >= 0).all(), "a local buffer holds a copy of a freed address")
         require((owners // self.slots_per_rank != rank).all(), "a local buffer holds a copy of an entry homed there")
         for r in range(self.R):  # loop over ranks

@@ -123,17 +123,18 @@ class RankRows:
 class Pool:
     """R ranks x `slots` slots; rank r's slot s is place base + r * seg + s (seg = slots padded to 64).
 
-    Storage (by `idx`, see RankRows): `owner` (address, -1 free), `stamps` (last-touch step), `free_bm` (free
-    bitmap, bits of padding slots never set) with `free_nz` (its non-zero words). `num_free` are the committed free
+    Storage (by `idx`, see RankRows): `own` (address, -1 free), `stamp` (last-touch step), `free` (free bitmap,
+    bits of padding slots never set) with `free_nz` (its non-zero words). `owner`, `stamps`, `free_bm` are dense
+    copies over all R * seg places (for snapshots). `num_free` are the committed free
     counts per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
     def __init__(self, num_ranks: int, slots: int, base: int = 0):
         self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
         self.num_places = num_ranks * self.seg
         self.rows = RankRows(num_ranks, self.seg, self.seg)
-        self.owner = np.zeros(0, dtype=np.int64)
-        self.stamps = np.zeros(0, dtype=np.int64)
-        self.free_bm = np.zeros(0, dtype=np.uint8)
+        self.own = np.zeros(0, dtype=np.int64)
+        self.stamp = np.zeros(0, dtype=np.int64)
+        self.free = np.zeros(0, dtype=np.uint8)
         self.free_nz = np.zeros(0, dtype=bool)
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
         self.in_use = np.zeros(num_ranks, dtype=np.int64)
@@ -160,13 +161,13 @@ class Pool:
         if need <= self.cap:
             return
         old = self.rows.grow(need)
-        self.owner = self.rows.relayout(self.owner, old, -1)
-        self.stamps = self.rows.relayout(self.stamps, old, 0)
-        self.free_bm = self.rows.relayout(self.free_bm, old, 0, 1 / 8)
+        self.own = self.rows.relayout(self.own, old, -1)
+        self.stamp = self.rows.relayout(self.stamp, old, 0)
+        self.free = self.rows.relayout(self.free, old, 0, 1 / 8)
         self.free_nz = self.rows.relayout(self.free_nz, old, False, 1 / 64)
         fresh = (np.arange(self.cap) >= old) & (np.arange(self.cap) < self.slots)  # new valid slots are free
         row = np.packbits(fresh, bitorder="little")
-        bm = self.free_bm.reshape(self.R, -1)
+        bm = self.free.reshape(self.R, -1)
         bm |= row
         nz = self.free_nz.reshape(self.R, -1)
         nz |= row.view("<u8") != 0
@@ -179,14 +180,14 @@ class Pool:
 
     def _write_free(self, be, idx: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear
-        self.free_bm = be.to_numpy(op(be.asarray(self.free_bm), be.asarray(idx)))
+        self.free = be.to_numpy(op(be.asarray(self.free), be.asarray(idx)))
         w = idx >> 6
-        self.free_nz[w] = self.free_bm.view("<u8")[w] != 0
+        self.free_nz[w] = self.free.view("<u8")[w] != 0
 
     def take_free(self, be, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min(counts[r], free) lowest free slots of each rank, as storage idx grouped by rank; and found[r]."""
         self.reserve(counts)
-        bm = be.asarray(self.free_bm)
+        bm = be.asarray(self.free)
         s, found = be.select_first(bm, be.asarray(self.summary()), max(self.cap, 64), be.asarray(counts))
         s, found = be.to_numpy(s), be.to_numpy(found)
         if s.size:
@@ -198,15 +199,15 @@ class Pool:
         """Free taken slots (owners cleared)."""
         if idx.size == 0:
             return
-        self.owner[idx] = -1
+        self.own[idx] = -1
         self._write_free(be, idx, True)
         self.in_use -= np.bincount(self.rank_of_idx(idx), minlength=self.R)
 
     def lru_select(self, be, counts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per rank, the counts[r] occupied slots (not in `protected`) with the smallest (stamp, slot), as idx."""
-        eligible = self.owner >= 0
+        eligible = self.own >= 0
         eligible[protected] = False
-        s, f = be.lru_select(be.asarray(self.stamps), be.asarray(eligible), max(self.cap, 64), be.asarray(counts))
+        s, f = be.lru_select(be.asarray(self.stamp), be.asarray(eligible), max(self.cap, 64), be.asarray(counts))
         return be.to_numpy(s), be.to_numpy(f)
 
     def select_free_then_lru(self, be, counts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -229,17 +230,32 @@ class Pool:
             out[:, :c] = arr.reshape(self.R, c, *trail)
         return out.reshape(self.R * n, *trail)
 
+    @property
+    def owner(self) -> np.ndarray:
+        """Dense copy by place - base. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        return self.dense(self.own, -1)
+
+    @property
+    def stamps(self) -> np.ndarray:
+        """Dense copy by place - base. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        return self.dense(self.stamp, 0)
+
+    @property
+    def free_bm(self) -> np.ndarray:
+        """Dense copy by place - base. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        return self.dense(self.free, 0, 1 / 8)
+
     def valid(self) -> np.ndarray:
         """Storage mask of real (non-padding) slots."""
         return np.tile(np.arange(self.cap) < self.slots, self.R)
 
     def check(self, require, what: str) -> None:
-        free_bits = np.unpackbits(self.free_bm, bitorder="little").view(bool)
+        free_bits = np.unpackbits(self.free, bitorder="little").view(bool)
         valid = self.valid()
-        require(not (self.owner[~valid] >= 0).any(), f"{what} padding slot used")
-        require((free_bits == (valid & (self.owner < 0))).all(), f"{what} free bitmap disagrees with owners")
-        require((self.free_nz == (self.free_bm.view("<u8") != 0)).all(), f"{what} free summary is stale")
-        used = np.bincount(self.rank_of_idx(np.flatnonzero(self.owner >= 0)), minlength=self.R)
+        require(not (self.own[~valid] >= 0).any(), f"{what} padding slot used")
+        require((free_bits == (valid & (self.own < 0))).all(), f"{what} free bitmap disagrees with owners")
+        require((self.free_nz == (self.free.view("<u8") != 0)).all(), f"{what} free summary is stale")
+        used = np.bincount(self.rank_of_idx(np.flatnonzero(self.own >= 0)), minlength=self.R)
         require((used == self.in_use).all(), f"{what} in-use count drifted")
 
 

@@ -107,8 +107,8 @@ class ExclusivePolicy:
         gidx, _ = self.gpu.take_free(be, g_counts)
         places[gi] = self.gpu.places(gidx)
         self.gpu.num_free -= g_counts
-        self.gpu.owner[gidx] = addrs[gi]
-        self.gpu.stamps[gidx] = self.step
+        self.gpu.own[gidx] = addrs[gi]
+        self.gpu.stamp[gidx] = self.step
         self._on_alloc(gidx)
         self.space.set_places(addrs, places)
         offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -145,7 +145,7 @@ class ExclusivePolicy:
         gpu.reserve(m_counts)  # any storage growth before positions are taken
         hit_gidx = gpu.idx(hit_places)
         dest_gidx = self._select(hit_gidx, m_counts, now)
-        victims = gpu.owner[dest_gidx]
+        victims = gpu.own[dest_gidx]
         dests = gpu.places(dest_gidx)
         has_v = victims >= 0
         all_v = bool(has_v.all())
@@ -171,9 +171,9 @@ class ExclusivePolicy:
             space.set_places(st.victims[has_v], st.miss_src[has_v])
             self.cpu.release(st.miss_src[~has_v])
             gpu.num_free -= np.bincount(st.dests[~has_v] // gpu.seg, minlength=self.cfg.num_ranks)
-        gpu.owner[st.dest_gidx] = st.miss_addrs
-        gpu.stamps[st.hit_gidx] = now
-        gpu.stamps[st.dest_gidx] = now
+        gpu.own[st.dest_gidx] = st.miss_addrs
+        gpu.stamp[st.hit_gidx] = now
+        gpu.stamp[st.dest_gidx] = now
         self.pending_d2h[:] = 0
         self.step = now
         self._rotate(now + 1)
@@ -205,8 +205,8 @@ class ExclusivePolicy:
         on_gpu = places < gpu.num_places
         require((places[on_gpu] // gpu.seg == homes[on_gpu]).all(), "GPU entry outside its home rank")
         require((self.cpu.rank_of(places[~on_gpu]) == homes[~on_gpu]).all(), "CPU entry outside its home rank")
-        require((gpu.owner[gpu.idx(places[on_gpu])] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping")
-        require(int((gpu.owner >= 0).sum()) == int(on_gpu.sum()), "GPU slot owned by an unmapped address")
+        require((gpu.own[gpu.idx(places[on_gpu])] == alloc[on_gpu]).all(), "GPU owner table disagrees with the mapping")
+        require(int((gpu.own >= 0).sum()) == int(on_gpu.sum()), "GPU slot owned by an unmapped address")
         gpu.check(require, "GPU")
         gcount = np.bincount(places[on_gpu] // gpu.seg, minlength=cfg.num_ranks)
         ccount = np.bincount(self.cpu.rank_of(places[~on_gpu]), minlength=cfg.num_ranks)

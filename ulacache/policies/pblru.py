@@ -23,7 +23,7 @@ class PbLruPolicy(ExclusivePolicy):
 
     def _select(self, hit_gidx, m_counts, now):
         be, buckets = self.be, self.buckets
-        buckets.remove(be, hit_gidx, self.gpu.stamps, now)  # recency update: hits move to the current bucket
+        buckets.remove(be, hit_gidx, self.gpu.stamp, now)  # recency update: hits move to the current bucket
         buckets.add(be, hit_gidx, now, now)
         parts, founds = [], []
         remaining = m_counts
@@ -51,7 +51,7 @@ class PbLruPolicy(ExclusivePolicy):
         self.buckets.add(self.be, gidx, self.step, self.step + 1)
 
     def _on_release(self, gidx):
-        self.buckets.remove(self.be, gidx, self.gpu.stamps, self.step + 1)
+        self.buckets.remove(self.be, gidx, self.gpu.stamp, self.step + 1)
 
     def _rotate(self, now):
         self.buckets.rotate(now)
@@ -59,24 +59,24 @@ class PbLruPolicy(ExclusivePolicy):
     def _check_policy(self, alloc, places, on_gpu):
         """Each occupied GPU slot sits in exactly the bucket its stamp says; free slots in none; summaries current."""
         gpu, b, K, now = self.gpu, self.buckets, self.buckets.num_recent, self.step + 1
-        n = gpu.owner.size
+        n = gpu.own.size
         member = np.zeros(n, dtype=np.int64)
         expect = np.full(n, -1, dtype=np.int64)
-        occ = np.flatnonzero(gpu.owner >= 0)
-        age = np.clip(now - gpu.stamps[occ], 0, K + 1)
+        occ = np.flatnonzero(gpu.own >= 0)
+        age = np.clip(now - gpu.stamp[occ], 0, K + 1)
         require((age >= 1).all(), "a slot is in the current bucket between accesses")
         expect[occ] = np.where(age > K, -2, (now - age) % (K + 1))
         for row in range(K + 1):
-            bits = np.unpackbits(b.ring[row], bitorder="little").astype(np.int64)
+            bits = np.unpackbits(b.ring_bits[row], bitorder="little").astype(np.int64)
             member += bits
             require((expect[bits.astype(bool)] == row).all(), f"bucket row {row} holds a slot of another bucket")
-            require((b.ring_nz[row] == (b.ring[row].view("<u8") != 0)).all(), f"bucket row {row} summary stale")
-        cold = np.unpackbits(b.cold, bitorder="little").astype(np.int64)
+            require((b.ring_nz[row] == (b.ring_bits[row].view("<u8") != 0)).all(), f"bucket row {row} summary stale")
+        cold = np.unpackbits(b.cold_bits, bitorder="little").astype(np.int64)
         member += cold
         require((expect[cold.astype(bool)] == -2).all(), "cold bucket holds a recent or free slot")
-        require((b.cold_nz == (b.cold.view("<u8") != 0)).all(), "cold bucket summary stale")
+        require((b.cold_nz == (b.cold_bits.view("<u8") != 0)).all(), "cold bucket summary stale")
         require((member[occ] == 1).all(), "an occupied slot is in no bucket or in two")
-        sizes = [int(np.unpackbits(r).sum()) for r in b.ring] + [int(cold.sum())]
+        sizes = [int(np.unpackbits(r).sum()) for r in b.ring_bits] + [int(cold.sum())]
         require(sizes == b.count.tolist(), "bucket member counts drifted")
         require((member.sum() == occ.size), "a free slot is in a bucket")
 
