@@ -6,11 +6,12 @@ overrides)` -> resolved config dict, `CostModel` (sim.costs) for `hw validate`.
 from __future__ import annotations
 
 
-def replay(config, out_dir=None, progress: bool = False, trace_events=None, calibration=None, overrides=None):
+def replay(config, out_dir=None, progress: bool = False, trace_events=None, calibration=None, overrides=None,
+           max_memory_gb=None):
     from sim.run import replay as _replay
 
     return _replay(config, out_dir, progress=progress, trace_events=trace_events, calibration=calibration,
-                   overrides=overrides)
+                   overrides=overrides, max_memory_gb=max_memory_gb)
 
 
 def load_config(path, overrides=None) -> dict:

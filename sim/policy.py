@@ -174,20 +174,11 @@ class PolicyRunner:
             self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
             self.pilot_left = cfg.fidelity["pilot_steps"]
         else:
-            locality = group_locality(source, self.num_groups)
-            if locality is not None:
-                self.groups, self.group_of = stratify(locality, self.layers, self.want)
-            else:
-                shallow = shallow_groups(self.num_groups, model.num_layers, source)
-                self.groups = sampled_groups(self.num_groups, self.want, shallow)
-                self.group_of = group_map(self.num_groups, self.groups, shallow)
-        self.k = self.main_k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
+            self.groups, self.group_of = self._upfront_groups()
         self.max_request_tokens = max_request_tokens
         self.make_cache = make_cache
-        bound = getattr(make_cache, "bound", None)
-        if self.pilot_left and bound is not None:  # all groups at once: keep the pilot's state bounded
-            while self.num_groups * bound.slots(self.k) > PILOT_MAX_ENTRIES and bound.requests(self.k) > 1:
-                self.k += self.main_k
+        phases = self.phases(cfg, getattr(make_cache, "bound", None))
+        self.k, self.main_k = phases[0][1], phases[-1][1]
         self.stride = cfg.fidelity["step_stride"]
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
         self.tables = {g: self._table(self.caches[g]) for g in self.groups}
@@ -210,6 +201,31 @@ class PolicyRunner:
         # counts it as D2H rows of the next plan; we take it out of the decode step and report it apart.
         self.prompt_cpu_rows: dict[int, np.ndarray] = {}
         self.prompt_rows = 0.0
+
+    def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
+        """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
+        locality = group_locality(self.source, self.num_groups)
+        if locality is not None:
+            return stratify(locality, self.layers, self.want)
+        shallow = shallow_groups(self.num_groups, self.cfg.model.num_layers, self.source)
+        groups = sampled_groups(self.num_groups, self.want, shallow)
+        return groups, group_map(self.num_groups, groups, shallow)
+
+    @staticmethod
+    def phases(cfg, bound) -> list[tuple[int, int]]:
+        """(caches held at once, request stride) of each phase: the pilot (all groups; with a `RunBound`, at the
+        smallest multiple of the stride whose state fits PILOT_MAX_ENTRIES), then the simulated groups."""
+        num_groups, want = cfg.model.num_index_groups, cfg.fidelity["policy_groups"]
+        k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
+        if want <= 0 or want >= num_groups:
+            return [(num_groups, k)]
+        if cfg.fidelity["pilot_steps"] <= 0:
+            return [(want, k)]
+        pilot_k = k
+        while bound is not None and num_groups * bound.slots(pilot_k) > PILOT_MAX_ENTRIES and \
+                bound.requests(pilot_k) > 1:
+            pilot_k += k
+        return [(num_groups, pilot_k), (want, k)]
 
     def _table(self, cache) -> AddressTable:
         size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
@@ -266,9 +282,10 @@ class PolicyRunner:
     def due(self, step: int) -> bool:
         return step % self.stride == 0 or not self.last
 
-    def run_step(self, rids: list[int], hist: np.ndarray, steps: np.ndarray, q: int, spaces, ranks) -> dict[int, dict]:
+    def run_step(self, rids: list[int], hist: np.ndarray, steps: np.ndarray, q: int, spaces,
+                 rid_ranks) -> dict[int, dict]:
         """Access every simulated group with the simulated requests' selections; returns ratios per group.
-        `rids` are all running requests in admission order, `spaces`/`ranks` theirs (for a pilot's re-admission)."""
+        `rids` are all running requests in admission order, `spaces`/`rid_ranks` theirs (for a pilot's re-admission)."""
         sel_idx = [i for i, r in enumerate(rids) if r in self.sampled]
         if not sel_idx:
             return self.last
@@ -306,7 +323,7 @@ class PolicyRunner:
             if not self.pilot_left:
                 self._end_pilot()
                 if self.k != self.main_k:
-                    self._resample(rids, hist, spaces, ranks)
+                    self._resample(rids, hist, spaces, rid_ranks)
         return self.last
 
     def _end_pilot(self):
@@ -314,7 +331,10 @@ class PolicyRunner:
         base = getattr(self, "pilot_base", {})
         diff = {g: self.group_totals[g] - base.get(g, 0.0) for g in range(self.num_groups)}
         hit = np.array([diff[g][0] / max(diff[g][1], 1.0) for g in range(self.num_groups)])
-        self.groups, self.group_of = stratify(hit, self.layers, self.want)
+        if self.k != self.main_k and np.ptp(hit) <= 1e-9:  # a coarse pilot told no group apart: the up-front rule
+            self.groups, self.group_of = self._upfront_groups()
+        else:
+            self.groups, self.group_of = stratify(hit, self.layers, self.want)
         for g in list(self.caches):
             if g not in self.groups:
                 del self.caches[g], self.tables[g]
@@ -325,6 +345,7 @@ class PolicyRunner:
         """After a coarse-sampled pilot: fresh caches at stride k for the representatives, the running requests
         re-admitted in admission order with their current history (not counted again as prompt loads)."""
         self.k = self.main_k
+        self.caches = self.tables = {}  # the pilot's caches go before the new ones are built
         self.caches = {g: self.make_cache(g, self.k) for g in self.groups}
         self.tables = {g: self._table(self.caches[g]) for g in self.groups}
         self.sampled, self.sampled_per_space, self.space_of = {}, {}, {}

@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import json
+import resource
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from sim import footprint
 from sim.config import SimConfig, build, load_config
 from sim.costs import CostModel
 from sim.engine import Engine
@@ -146,8 +148,11 @@ def _json_safe(obj):
 
 def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
            trace_events: Path | None = None, calibration: Path | None = None,
-           overrides: list[str] | None = None) -> dict:
-    """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir."""
+           overrides: list[str] | None = None, max_memory_gb: float | None = None) -> dict:
+    """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
+
+    Before simulating, its peak memory is estimated (sim/footprint.py); above `max_memory_gb` or what the machine
+    has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written."""
     wall0 = time.perf_counter()
     tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
     cfg = build(tree)
@@ -159,6 +164,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     system = make_system(cfg, budget, mean_tokens)
     recorder = TraceRecorder() if trace_events else None
     make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
+    est = footprint.check(cfg, system, requests, make_cache, max_memory_gb)
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache)
     with _progress(progress, engine.n_req) as tick:
         engine.run(tick)
@@ -166,6 +172,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
         source.close()
     wall = time.perf_counter() - wall0
     metrics = metrics_of(cfg, system, budget, engine, wall, costs)
+    metrics["est_peak_memory_bytes"] = est["peak_bytes"]
+    metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -324,7 +324,9 @@ class UlaCacheSystem(System):
         big = bound.max_request_slots
         ws = cap.notes.get("ws_reserve_slots", cap.reserve_slots_per_request)
         gpu_slack = 0 if cfg.cpu_storage else 2 * big / m  # GPU slack would raise hit rates
-        gpu = max(self._scaled(cap.gpu_pool_slots, k, gpu_slack), 64)
+        # at least one request's working set (what a split access batch needs; only binds for coarse samples)
+        gpu = max(self._scaled(cap.gpu_pool_slots, k, gpu_slack), min(cfg.query_tokens * cfg.model.top_k,
+                                                                        bound.max_request_slots), 64)
         cpu = self._scaled(cap.cpu_pool_slots, k, 2 * big / m) if cfg.cpu_storage else 0
         local = (self._scaled(cap.local_buffer_slots, k, ws) or gpu) if self.tp else 0  # 0 = the library's default
         state = bound.slots(k)

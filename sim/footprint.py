@@ -1,0 +1,154 @@
+"""Peak memory of a replay, estimated before it starts, and the refusal when it will not fit (issue 10 item 3).
+
+What grows with a replay (each figure from what it will simulate, not from the hardware budgets):
+- library caches: one per simulated indexer group (all groups during a pilot), each holding at most the history the
+  run can hold at once (`RunBound`). A cache's cost is *probed*: one cache of the run's configuration is built and
+  given a sample of tokens under tracemalloc, giving its fixed bytes and its bytes per history entry, whatever the
+  library's layout is;
+- address tables (sim/policy.py): one row of the longest request per simulated running request, per group;
+- per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
+  `SCRATCH_BYTES_PER_REF` each, twice (the selection source's arrays and the library's);
+- the timeline: one record per decode step, assumed `TIMELINE_BYTES_PER_STEP`;
+- the process as it is now (interpreter, numpy, pandas, simpy, the workload): its resident set at the check.
+The limit is the smallest of `--max-memory-gb`, what the machine has available (MemAvailable plus this process's
+resident set) and an address-space rlimit (less what the process maps beyond its resident set).
+"""
+from __future__ import annotations
+
+import math
+import resource
+import tracemalloc
+
+import numpy as np
+
+SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
+TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
+PROBE_TOKENS = 1 << 17  # tokens allocated in the probe cache (chunked pools grow in steps; large enough to see it)
+
+
+class MemoryLimitError(ValueError):
+    """The replay's estimated peak is above the limit (a user error: exit 2, one line)."""
+
+
+def _statm() -> tuple[int, int]:
+    """(virtual size, resident set) of this process in bytes (Linux), else (0, maxrss)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            size, rss = (int(x) for x in fh.read().split()[:2])
+        page = resource.getpagesize()
+        return size * page, rss * page
+    except OSError:
+        return 0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _mem_available() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return math.inf
+
+
+def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
+    """(limit, what sets it): --max-memory-gb, the machine's available memory, or an address-space rlimit."""
+    vsize, rss = _statm()
+    options = [(_mem_available() + rss, "available on this machine")]
+    if max_memory_gb is not None:
+        if not max_memory_gb > 0:
+            raise ValueError(f"--max-memory-gb must be > 0, got {max_memory_gb}")
+        options.append((max_memory_gb * 1e9, "--max-memory-gb"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and vsize:
+        options.append((soft - max(vsize - rss, 0), "the address-space limit (ulimit -v / prlimit --as)"))
+    return min(options, key=lambda o: o[0])
+
+
+def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
+    """(fixed bytes, bytes per history entry) of one library cache built as the run builds them."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cache = make_cache(0, k)
+        built = tracemalloc.get_traced_memory()[0]
+        n = max(1, min(tokens, PROBE_TOKENS, _room(cache)))
+        cache.alloc(request_id=0, num_tokens=n, rank=0)
+        filled = tracemalloc.get_traced_memory()[0]
+        del cache
+    finally:
+        tracemalloc.stop()
+    return float(built - base), max(float(filled - built), 0.0) / n
+
+
+def _room(cache) -> int:
+    c = cache.config
+    if c.policy == "hisparse":
+        return c.cpu_slots
+    return c.gpu_slots + c.cpu_slots if c.mode == "dp" else c.num_ranks * (c.gpu_slots + c.cpu_slots)
+
+
+def estimate(cfg, system, requests, make_cache) -> dict:
+    """Estimated peak bytes of the replay, with its parts (all in bytes)."""
+    _, rss = _statm()
+    out = {"process_bytes": float(rss), "caches_bytes": 0.0, "tables_bytes": 0.0, "scratch_bytes": 0.0}
+    q, top_k = cfg.query_tokens, cfg.model.top_k
+    outputs = requests["output_tokens"].to_numpy(np.int64)
+    running = max(1, min(len(requests), cfg.workload["max_concurrency"]))
+    steps = math.ceil(outputs.sum() / running) + int(outputs.max())
+    out["timeline_bytes"] = float(steps * TIMELINE_BYTES_PER_STEP)
+    if make_cache is not None:
+        from sim.policy import PolicyRunner
+
+        bound = make_cache.bound
+        phases = PolicyRunner.phases(cfg, bound)  # [(caches held at once, request stride)]
+        max_len = int(bound.totals[0])
+        best = 0.0
+        for n_caches, k in phases:
+            fixed, per_entry = probe_cache(make_cache, k, bound.slots(k))
+            caches = n_caches * (fixed + per_entry * bound.slots(k))
+            rows = max(4, bound.requests(k))
+            tables = n_caches * rows * max_len * 4.0
+            if caches + tables > best:
+                best = caches + tables
+                out["caches_bytes"], out["tables_bytes"] = caches, tables
+                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.slots(k), k
+                out["probe_fixed_bytes"], out["probe_bytes_per_entry"] = fixed, per_entry
+        refs = bound.requests(phases[-1][1]) * q * top_k
+        out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF
+    out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
+    return out
+
+
+def check(cfg, system, requests, make_cache, max_memory_gb: float | None = None) -> dict:
+    """Estimate; raise MemoryLimitError (one line: the estimate, the limit, the knob that lowers it) if too big."""
+    est = estimate(cfg, system, requests, make_cache)
+    limit, what = limit_bytes(max_memory_gb)
+    est["limit_bytes"], est["limit_by"] = limit, what
+    if est["peak_bytes"] > limit:
+        raise MemoryLimitError(
+            f"replay would need ~{est['peak_bytes'] / 1e9:.1f} GB at peak, above the {limit / 1e9:.1f} GB {what} "
+            f"({_largest(est)}); lower it with {_knob(cfg, est)}")
+    return est
+
+
+def _largest(est: dict) -> str:
+    if est.get("caches"):
+        return (f"library caches {est['caches_bytes'] / 1e9:.1f} GB: {est['caches']} indexer groups x "
+                f"{est['entries_per_cache']:,} history entries")
+    return f"process {est['process_bytes'] / 1e9:.1f} GB, timeline {est['timeline_bytes'] / 1e9:.1f} GB"
+
+
+def _knob(cfg, est: dict) -> str:
+    fid = cfg.fidelity
+    if not est.get("caches"):
+        return f"workload.num_requests (now {cfg.workload['num_requests']})"
+    k = max(1, int(round(1.0 / fid["request_fraction"])))
+    knobs = [f"fidelity.request_fraction (now 1/{k})"]
+    if est["caches"] > max(fid["policy_groups"], 1) and fid["pilot_steps"]:
+        knobs.insert(0, f"fidelity.pilot_steps=0 (the pilot holds all {est['caches']} groups)")
+    elif est["caches"] > 1:
+        knobs.append(f"fidelity.policy_groups (now {fid['policy_groups'] or cfg.model.num_index_groups})")
+    knobs.append(f"workload.max_concurrency (now {cfg.workload['max_concurrency']})")
+    return ", ".join(knobs)
