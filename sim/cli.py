@@ -20,17 +20,42 @@ def register(subparsers) -> None:
     p.add_argument("--trace", type=Path, default=None,
                    help="trace directory (requests.parquet + trace.yaml); default: generate from workload.*")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing run in --out (and an existing --trace-events file)")
     p.set_defaults(func=_replay)
 
 
+RUN_FILES = ("metrics.json", "config.yaml", "timeline.parquet")
+
+
+def is_run_dir(path: Path) -> bool:
+    """An earlier replay's output dir (what --force may replace)."""
+    return (path / "metrics.json").is_file() or (path / "config.yaml").is_file()
+
+
 def _replay(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
     import sim
+    from traces.atomic import StagedDir, StagedFile, check_out_path
 
     sets = list(args.sets)
     if args.trace is not None:
         sets.append(f"workload.trace={args.trace}")
-    metrics = sim.replay(args.config, args.out, progress=not args.quiet, trace_events=args.trace_events,
-                         calibration=args.calibration, overrides=sets)
+    # Refuse before simulating: an earlier run is replaced only with --force; the run is written into a hidden
+    # sibling dir and renamed into place whole, so a failure leaves what was on disk byte-identical.
+    check_out_path(args.out, args.force, owns=is_run_dir, what="replay run")
+    if args.trace_events is not None and args.trace_events.exists() and not args.force:
+        raise ValueError(f"{args.trace_events}: exists; pass --force to replace it")
+    with ExitStack() as stack:
+        stage = stack.enter_context(StagedDir(args.out))
+        events = stack.enter_context(StagedFile(args.trace_events)) if args.trace_events is not None else None
+        metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
+                             trace_events=events.path if events else None, calibration=args.calibration,
+                             overrides=sets)
+        stage.publish()
+        if events is not None:
+            events.publish()
     if not args.quiet:
         keys = ("system", "attention", "completed_requests", "max_admitted_concurrency", "decode_throughput_tok_s",
                 "tpot_ms_p50", "gpu_hit_rate", "pcie_bytes_per_token", "nvlink_bytes_per_token",

@@ -15,12 +15,24 @@ COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare
                    "reports.cli", "ulacache_cli.demo")
 
 
+MEMORY_HINT = ("lower workload.num_requests or workload.max_concurrency, or sample more coarsely "
+               "(fidelity.request_fraction, fidelity.policy_groups)")
+
+
 class UsageError(ValueError):
     """A user error detected by the front door itself."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors as the one `ulacache: error:` line (exit 2) instead of usage + message."""
+
+    def error(self, message: str):
+        print(f"ulacache: error: {' '.join(message.split())} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ulacache",
         description="KV-cache management for long-context sparse-attention serving: traces, replay, sweeps, "
         "hardware validation and reports.",
@@ -53,8 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ulacache: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, KeyError, OSError, EOFError) as exc:
+    except (ValueError, TypeError, KeyError, OSError, EOFError, OverflowError) as exc:
         print(f"ulacache: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:  # the last line of defence: the estimates refuse most such runs before they start
+        print(f"ulacache: error: out of memory in `{args.command}`; {MEMORY_HINT}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print("ulacache: error: input nested too deeply", file=sys.stderr)
         return 2
     return int(status or 0)
 
