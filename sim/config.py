@@ -6,13 +6,14 @@ with a one-line `ValueError` naming the key. `hardware.*` / `model.*` take a `pr
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec, build_hardware, build_model
+from traces.errors import TraceError
+from traces.strict_yaml import load_yaml, read_yaml_file
 
 SYSTEMS = ("sglang", "hisparse", "ulacache")
 ATTENTION = ("dp", "tp")
@@ -69,6 +70,11 @@ SCHEMA: dict[str, Any] = {
     },
 }
 FREE_SECTIONS = ("hardware", "model", "costs")  # validated by the presets / the cost model
+# Limits a serving engineer would expect (beyond them a value is a typo, not a workload); each error says why.
+MAX_INT = 2**63 - 1  # int64: what the arrays and parquet files hold
+MAX_SEED = 2**32 - 1  # the request generator keys its RNG on 32 bits: larger seeds would alias smaller ones
+MAX_REQUESTS = 1_000_000  # a replay simulates every request; a million is days of a node's traffic
+MAX_DRAFT_TOKENS = 16  # SGLang's EAGLE/MTP recipes for these models use 4 (3 steps); chains past 16 are not modelled
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,13 @@ def default_tree() -> dict:
     return tree
 
 
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float range
+        return False
+
+
 def _check(key: str, value, rule):
     kind = rule[1]
     if kind.startswith("opt_"):
@@ -121,9 +134,12 @@ def _check(key: str, value, rule):
         if not isinstance(value, bool):
             raise ValueError(f"config key {key} must be true or false, got {value!r}")
     elif kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
             raise ValueError(f"config key {key} must be an integer, got {value!r}")
         value = int(value)
+        if abs(value) > MAX_INT:
+            raise ValueError(f"config key {key} must be an integer within +-(2^63 - 1), got {value}")
     elif kind == "float":
         if isinstance(value, str):  # YAML 1.1 reads 2.5e9 (no sign in the exponent) as a string
             try:
@@ -132,16 +148,21 @@ def _check(key: str, value, rule):
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"config key {key} must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise ValueError(f"config key {key} must be a finite number, got {value!r}")
     elif kind == "str":
         if not isinstance(value, str):
             raise ValueError(f"config key {key} must be a string, got {value!r}")
     elif kind == "list_float":
         if value is None:
             return None
-        if not isinstance(value, (list, tuple)) or not value or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            raise ValueError(f"config key {key} must be a list of numbers, got {value!r}")
+        if not isinstance(value, (list, tuple)) or not value or len(value) > 1024 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v) for v in value):
+            raise ValueError(f"config key {key} must be a list of finite numbers, got {str(value)[:80]}")
         value = [float(v) for v in value]
     if len(rule) > 2 and value not in rule[2]:
         raise ValueError(f"config key {key} must be one of {list(rule[2])}, got {value!r}")
@@ -178,8 +199,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ValueError(f"bad --set {item!r}: expected dotted.key=value")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+        value = load_yaml(text, f"--set {key}") if text.strip() else None
+    except TraceError as exc:
+        if "not valid YAML" not in str(exc):
+            raise ValueError(str(exc)) from None
         value = text
     return key.split("."), value
 
@@ -212,10 +235,8 @@ def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> 
         path = Path(path)
         if not path.is_file():
             raise OSError(f"config file not found: {path}")
-        try:
-            user = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:120]})") from None
+        user = read_yaml_file(path)
+        user = {} if user is None else user
         if not isinstance(user, dict):
             raise ValueError(f"{path}: a config must be a YAML mapping")
     try:
@@ -238,6 +259,7 @@ def build(tree: dict) -> SimConfig:
         raise ValueError(f"model.preset must be a string; choose from {sorted(MODEL_PRESETS)}")
     hardware = build_hardware(hw_preset, hw)
     model_spec = build_model(model_preset, model)
+    _check_limits(tree, hardware, model_spec)
     if not isinstance(tree.get("costs"), dict):
         raise ValueError("config section costs must be a mapping")
     spec, wl, fid = tree["spec"], tree["workload"], tree["fidelity"]
@@ -276,6 +298,50 @@ def build(tree: dict) -> SimConfig:
         hisparse=dict(tree["hisparse"]), ulacache=dict(tree["ulacache"]), fidelity=dict(fid),
         output=dict(tree["output"]), costs=dict(tree["costs"]), raw=copy.deepcopy(tree),
     )
+
+
+def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
+    """Legal-looking but absurd values: refused with the limit and the reason in the message."""
+    import dataclasses
+
+    for what, spec in (("hardware", hardware), ("model", model)):
+        for f in dataclasses.fields(spec):
+            value = getattr(spec, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not _finite(value):
+                raise ValueError(f"config key {what}.{f.name} must be a finite number, got {value!r}")
+    if not 1 <= hardware.num_gpus <= 72:
+        raise ValueError(f"config key hardware.num_gpus must be in [1, 72] (one NVLink domain, e.g. GB200 NVL72), "
+                         f"got {hardware.num_gpus}")
+    if tree["attention"] == "tp" and model.num_heads % hardware.num_gpus:
+        raise ValueError(f"attention tp over hardware.num_gpus={hardware.num_gpus}: the TP degree must divide "
+                         f"{model.name}'s {model.num_heads} attention heads (1, 2, 4, 8, ... GPUs); use attention dp")
+    wl, spec = tree["workload"], tree["spec"]
+    for name in ("num_requests", "max_concurrency"):
+        if wl[name] > MAX_REQUESTS:
+            raise ValueError(f"config key workload.{name} must be <= {MAX_REQUESTS:,} (a replay simulates every "
+                             f"request), got {wl[name]:,}")
+    if not 0 <= wl["seed"] <= MAX_SEED:
+        raise ValueError(f"config key workload.seed must be in [0, 2^32 - 1] (the generator keys on 32 bits; "
+                         f"larger seeds would repeat smaller ones), got {wl['seed']}")
+    if spec["draft_tokens"] > MAX_DRAFT_TOKENS:
+        raise ValueError(f"config key spec.draft_tokens must be in [0, {MAX_DRAFT_TOKENS}] (SGLang's EAGLE/MTP "
+                         f"recipes use 4; longer draft chains are not modelled), got {spec['draft_tokens']}")
+    mem = tree["memory"]
+    for name in ("gpu_kv_bytes_per_gpu", "cpu_kv_bytes_per_gpu", "gpu_reserve_bytes"):
+        if mem[name] is not None and mem[name] < 0:
+            raise ValueError(f"config key memory.{name} must be >= 0 bytes, got {mem[name]}")
+    non_negative = [("workload.max_steps", wl["max_steps"]), ("fidelity.pilot_steps", tree["fidelity"]["pilot_steps"]),
+                    ("hisparse.max_running_requests", tree["hisparse"]["max_running_requests"]),
+                    ("output.trace_event_steps", tree["output"]["trace_event_steps"])]
+    for name, value in non_negative:
+        if value < 0:
+            raise ValueError(f"config key {name} must be >= 0, got {value}")
+    for name in ("ws_reserve_slots", "gpu_pool_slots", "local_buffer_slots"):
+        value = tree["ulacache"][name]
+        if value is not None and value < 0:
+            raise ValueError(f"config key ulacache.{name} must be >= 0, got {value}")
+    if tree["hisparse"]["page_slots"] < 1:
+        raise ValueError(f"config key hisparse.page_slots must be >= 1, got {tree['hisparse']['page_slots']}")
 
 
 def as_plain(cfg: SimConfig) -> dict:
