@@ -130,10 +130,15 @@ def sim_resolve(config_path: Path, overrides: list) -> dict:
 
 
 def sim_replay(config: dict, out_dir: Path) -> dict:
-    """Run one real replay (the product's default replay function)."""
+    """Run one real replay (the product's default replay function), written into a hidden sibling of `out_dir`
+    and renamed into place whole (an earlier failed attempt's dir is replaced)."""
     import sim
+    from traces.atomic import StagedDir
 
-    return sim.replay(config, out_dir, progress=False)
+    with StagedDir(out_dir) as stage:
+        metrics = sim.replay(config, stage.path, progress=False)
+        stage.publish()
+    return metrics
 
 
 # ----------------------------------------------------------------------------------------------- points
@@ -170,27 +175,92 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def run_point(replay_fn: ReplayFn, config: dict, point_dir: str) -> dict:
-    """Run one point; any exception becomes a status=error row (SystemExit/KeyboardInterrupt propagate)."""
+def run_point(replay_fn: ReplayFn, config: dict, point_dir: str, isolate: bool | None = None) -> dict:
+    """Run one point; any exception becomes a status=error row (SystemExit/KeyboardInterrupt propagate).
+
+    With `isolate` (default: for the real replay) the replay runs in a forked child process, so one killed by a
+    signal (the kernel's OOM killer sends SIGKILL) is an error row naming the signal, not a dead sweep."""
     start, cpu = time.perf_counter(), time.process_time()
     path = Path(point_dir)
     path.mkdir(parents=True, exist_ok=True)
+    if isolate is None:
+        isolate = replay_fn is sim_replay
+    outcome = _run_isolated(replay_fn, config, path) if isolate else _attempt(replay_fn, config, path)
+    outcome["point_wall_s"] = time.perf_counter() - start
+    outcome.setdefault("point_cpu_s", time.process_time() - cpu)  # an isolated child reports its own
+    return outcome
+
+
+def _attempt(replay_fn: ReplayFn, config: dict, path: Path) -> dict:
     try:
         metrics = replay_fn(config, path)
         if not isinstance(metrics, dict):
             raise TypeError(f"replay returned {type(metrics).__name__}, expected a metrics dict")
-        outcome = {"status": "ok", "error": "", "metrics": _plain(metrics)}
+        return {"status": "ok", "error": "", "metrics": _plain(metrics)}
     except Exception as exc:  # noqa: BLE001 - failure isolation is the point
-        outcome = {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {}}
-    outcome.update(point_wall_s=time.perf_counter() - start, point_cpu_s=time.process_time() - cpu)
+        return {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {}}
+
+
+def _child(conn, replay_fn: ReplayFn, config: dict, path: Path) -> None:
+    outcome = _attempt(replay_fn, config, path)
+    outcome["point_cpu_s"] = time.process_time()
+    conn.send(outcome)
+    conn.close()
+
+
+def death_message(exitcode: int) -> str:
+    """'killed by SIGKILL (out of memory?)' for a negative exit code (a signal), else the exit status."""
+    import signal
+
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -exitcode == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"replay process exited with status {exitcode} and no result"
+
+
+def _run_isolated(replay_fn: ReplayFn, config: dict, path: Path) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, replay_fn, config, path), daemon=True)
+    proc.start()
+    send.close()
+    outcome = None
+    try:
+        while outcome is None:
+            if recv.poll(0.2):
+                try:
+                    outcome = recv.recv()
+                except EOFError:  # the child died before sending
+                    break
+            elif not proc.is_alive() and not recv.poll(0):
+                break
+        proc.join()
+    finally:
+        if proc.is_alive():  # interrupted: take the child down with us
+            proc.kill()
+            proc.join()
+        recv.close()
+    if outcome is None:
+        import shutil
+
+        for tmp in path.parent.glob(f".{path.name}.tmp-{proc.pid}-*"):  # what the dead child had staged
+            shutil.rmtree(tmp, ignore_errors=True)
+        return {"status": "error", "error": f"ChildProcessError: {death_message(proc.exitcode)}", "metrics": {}}
     return outcome
 
 
 # ----------------------------------------------------------------------------------------------- results table
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    """Temp sibling + os.replace; a failed write (disk full) removes the temp file and leaves `path` as it was."""
+    from traces.atomic import atomic_write
+
+    atomic_write(path, write)
 
 
 def _scalar(value):
@@ -255,13 +325,14 @@ class ResultsTable:
 
 
 # ----------------------------------------------------------------------------------------------- executors
-def _run_inprocess(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done) -> None:
+def _run_inprocess(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done,
+                   isolate: bool | None = None) -> None:
     for point in todo:
-        on_done(point, run_point(replay_fn, point.config, str(sweep_dir / POINTS_DIR / point.point_id)))
+        on_done(point, run_point(replay_fn, point.config, str(sweep_dir / POINTS_DIR / point.point_id), isolate))
 
 
 def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, workers: int,
-             address: str | None) -> None:
+             address: str | None, isolate: bool | None = None) -> None:
     import logging
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -278,7 +349,8 @@ def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, w
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
-        pending = {remote.remote(replay_fn, p.config, str(sweep_dir / POINTS_DIR / p.point_id)): p for p in todo}
+        pending = {remote.remote(replay_fn, p.config, str(sweep_dir / POINTS_DIR / p.point_id), isolate): p
+                   for p in todo}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
@@ -286,7 +358,10 @@ def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, w
                 try:
                     outcome = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a worker that died is one failed point
-                    outcome = {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}",
+                    name = type(exc).__name__
+                    cause = {"OutOfMemoryError": "killed by Ray's memory monitor (out of memory)",
+                             "WorkerCrashedError": "worker process died (killed by a signal? out of memory?)"}
+                    outcome = {"status": "error", "error": f"{name}: {cause.get(name) or _one_line(exc)}",
                                "metrics": {}, "point_wall_s": None}
                 on_done(point, outcome)
     finally:
@@ -299,8 +374,9 @@ def _load_sweep_yaml(sweep_dir: Path) -> dict:
     path = sweep_dir / "sweep.yaml"
     if not path.exists():
         raise ValueError(f"{sweep_dir}: no sweep to resume (sweep.yaml missing)")
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
+    from traces.strict_yaml import read_yaml_file
+
+    data = read_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a sweep file")
     return data
@@ -322,8 +398,9 @@ def _recover(point: Point, sweep_dir: Path) -> dict | None:
 
 def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (), workers: int = 1,
               address: str | None = None, resume: bool = False, progress: bool = False,
-              replay_fn: ReplayFn = sim_replay, resolve: ResolveFn = sim_resolve):
-    """Run every grid point (skipping finished ones on resume); returns the results DataFrame."""
+              replay_fn: ReplayFn = sim_replay, resolve: ResolveFn = sim_resolve, isolate: bool | None = None):
+    """Run every grid point (skipping finished ones on resume); returns the results DataFrame. Each replay runs in
+    a child process (`isolate`, default for the real replay): one killed by a signal is an error row naming it."""
     config_path, sweep_dir = Path(config_path), Path(out_dir)
     if not config_path.is_file():
         raise ValueError(f"{config_path}: config file not found")
@@ -371,9 +448,9 @@ def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (),
     with bar:
         if todo:
             if workers == 1 and not address:
-                _run_inprocess(todo, replay_fn, sweep_dir, on_done)
+                _run_inprocess(todo, replay_fn, sweep_dir, on_done, isolate)
             else:
-                _run_ray(todo, replay_fn, sweep_dir, on_done, workers, address)
+                _run_ray(todo, replay_fn, sweep_dir, on_done, workers, address, isolate)
     return table.frame()
 
 
