@@ -13,7 +13,8 @@ Measured, numpy backend, one thread, medians over fresh caches:
   CPU slots per rank and over 6.4M + 64M: access + commit of one batch after three warm-up batches (steady state).
   Before issue 10, the larger budget put the local-buffer maps on hash tables (their dense table was sized by the
   budget); now the dense table follows the addresses in use.
-- peak RSS of the process (ru_maxrss) after each part.
+- peak RSS of the process (ru_maxrss) after each part. Times are wall and CPU (process_time: robust while other
+  jobs share the machine); ratios are given for both.
 
     prlimit --as=8000000000 -- .venv/bin/python bench/pool_scale_bench.py [--trials N] [--quick]
 """
@@ -87,20 +88,21 @@ def access_run(cfg: CacheConfig, num_req: int, hist: int, seed: int, q: int = 4,
         cache.commit(cache.access(batch(rng, addrs, c0, q, k)))
         c0 = cands(rng, hist, num_req, cand_size, c0, 0.44)
     sel = batch(rng, addrs, c0, q, k)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     plan = cache.access(sel)
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     cache.commit(plan)
-    t2 = time.perf_counter()
+    c2, t2 = time.process_time(), time.perf_counter()
     return {"refs": plan.num_refs, "unique": plan.num_unique, "hits": plan.num_hits, "misses": plan.num_misses,
             "exchanges": plan.num_exchanges, "local_hits": plan.num_local_hits,
-            "peer_fetches": plan.num_peer_fetches, "access_s": t1 - t0, "access_commit_s": t2 - t0}
+            "peer_fetches": plan.num_peer_fetches, "access_s": t1 - t0, "access_commit_s": t2 - t0,
+            "access_cpu_s": c1 - c0, "access_commit_cpu_s": c2 - c0}
 
 
 def median_runs(fn, trials: int) -> dict:
     runs = [fn(seed) for seed in range(trials)]
     out = dict(runs[0])
-    for key in ("access_s", "access_commit_s"):
+    for key in ("access_s", "access_commit_s", "access_cpu_s", "access_commit_cpu_s"):
         out[key] = float(np.median([r[key] for r in runs]))
         out[key + "_all"] = [r[key] for r in runs]
     return out
@@ -137,8 +139,8 @@ def main() -> int:
     res["rss_mb"]["after_misses"] = rss_mb()
     for part in ("resident", "misses"):
         a, b = res[part].values()
-        res[part]["ratio_access"] = b["access_s"] / a["access_s"]
-        res[part]["ratio_access_commit"] = b["access_commit_s"] / a["access_commit_s"]
+        for key in ("access_s", "access_commit_s", "access_cpu_s", "access_commit_cpu_s"):
+            res[part]["ratio_" + key[:-2]] = b[key] / a[key]
     if not args.quick:
         res["tp4"] = {}
         for name, (g, c) in (("small", (250_000, 2_500_000)), ("large", LARGE)):
@@ -152,12 +154,15 @@ def main() -> int:
         for name, r in res[part].items():
             if isinstance(r, dict):
                 print(f"{part:8s} {name:9s} unique {r['unique']:,} hits {r['hits']:,}: access "
-                      f"{r['access_s'] * 1e3:.1f} ms, access+commit {r['access_commit_s'] * 1e3:.1f} ms")
-        print(f"{part:8s} ratio access {res[part]['ratio_access']:.2f}x, access+commit "
-              f"{res[part]['ratio_access_commit']:.2f}x")
+                      f"{r['access_s'] * 1e3:.1f} ms (cpu {r['access_cpu_s'] * 1e3:.1f}), access+commit "
+                      f"{r['access_commit_s'] * 1e3:.1f} ms (cpu {r['access_commit_cpu_s'] * 1e3:.1f})")
+        p = res[part]
+        print(f"{part:8s} ratio access {p['ratio_access']:.2f}x (cpu {p['ratio_access_cpu']:.2f}x), access+commit "
+              f"{p['ratio_access_commit']:.2f}x (cpu {p['ratio_access_commit_cpu']:.2f}x)")
     for name, r in res.get("tp4", {}).items():
         print(f"tp4 {name:5s} refs {r['refs']:,} unique {r['unique']:,} local hits {r['local_hits']:,} peer "
-              f"{r['peer_fetches']:,}: access {r['access_s']:.3f} s, access+commit {r['access_commit_s']:.3f} s")
+              f"{r['peer_fetches']:,}: access {r['access_s']:.3f} s, access+commit {r['access_commit_s']:.3f} s "
+              f"(cpu {r['access_commit_cpu_s']:.3f} s)")
     print(f"peak RSS {res['rss_mb']}")
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -12,15 +12,18 @@
     cache.num_free_slots(tier=None, rank=None); cache.capacity_slots(tier=None, rank=None)
     cache.write(addrs, payload, layer=0); cache.read(addrs, layer=0); cache.read_local(addrs, rank)  # payload mode
     cache.free(request_id); cache.stats(); cache.check_invariants()
+    cache.layout().decode(places); cache.places(addrs); plan.exchanges; cache.device_state()   # executor API
 
 Module map: config (CacheConfig), address_space (logical ids, address -> place table), pools (GPU/CPU pools and
 free lists), bitmaps (PB-LRU buckets), policies/ (pb-lru, lru, hisparse behind one registry), local_buffer +
-slot_map (TP local buffers), plan, cache (the facade), backends/ (array primitives: numpy reference, torch, cupy),
+slot_map (TP local buffers), plan, layout (the typed place layout, exchange lists and device snapshot executors
+read), cache (the facade), backends/ (array primitives: numpy reference, torch, cupy),
 workload (a synthetic locality workload for tests and benchmarks).
 """
 from .cache import UlaCache
 from .config import CacheConfig
 from .errors import CapacityError
+from .layout import DeviceState, Exchanges, PlaceLayout
 from .plan import Plan
 
-__all__ = ["CacheConfig", "CapacityError", "Plan", "UlaCache"]
+__all__ = ["CacheConfig", "CapacityError", "DeviceState", "Exchanges", "Plan", "PlaceLayout", "UlaCache"]

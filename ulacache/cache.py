@@ -8,12 +8,14 @@ and `read` return the old, valid places, and allocation, free, write and another
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import numpy as np
 
 from .backends import get_backend
 from .config import CacheConfig
 from .errors import require
+from .layout import DeviceState, Exchanges, PlaceLayout
 from .local_buffer import LocalBuffers
 from .plan import Plan
 from .policies import POLICIES
@@ -197,8 +199,19 @@ class UlaCache:
             self.buffers.plan(plan, places)
         else:
             plan.peer_rows_per_rank = np.zeros(self.config.num_ranks, dtype=np.int64)
+        plan._exchanges = partial(self._exchanges_of, plan)
         self._pending = plan
         return plan
+
+    def _exchanges_of(self, plan: Plan) -> Exchanges:
+        ps, bs = plan.policy_state, plan.buffer_state
+        if not self.policy.exclusive:  # hisparse: copies into request buffers, victims' copies dropped
+            return Exchanges.of(False, ps.miss_addrs, plan.move_src, ps.miss_slots, ps.victims, np.zeros(0, np.int64))
+        peer = None
+        if bs is not None:
+            n = bs.miss_addrs.size
+            peer = (bs.miss_addrs, bs.miss_rank, plan.move_src[plan.move_src.size - n:], self.buffers.base + bs.dests)
+        return Exchanges.of(True, ps.miss_addrs, ps.miss_src, ps.dests, ps.victims, ps.hit_places, peer)
 
     def commit(self, plan: Plan) -> None:
         """Complete the plan's transfers (payload bytes of layer 0), then update the mappings."""
@@ -265,15 +278,39 @@ class UlaCache:
     def locate(self, addrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tier int8: 0 GPU / 1 CPU, rank, slot) of each address's current place (hisparse: its CPU entry)."""
         a = self._addresses(addrs, "addrs", allow_padding=False)
-        places = self._places(a, "addrs")
-        pol = self.policy
-        on_cpu = places >= pol.num_gpu_places
-        cpu_local = places - pol.num_gpu_places
-        cs = max(self.config.cpu_slots, 1)
-        rank = np.where(on_cpu, cpu_local // cs, places // pol.gpu_seg)
-        slot = np.where(on_cpu, cpu_local % cs, places % pol.gpu_seg)
+        tier, rank, slot = self.layout().decode(self._places(a, "addrs"))
         shape = np.shape(addrs)
-        return on_cpu.astype(np.int8).reshape(shape), rank.reshape(shape), slot.reshape(shape)
+        return tier.reshape(shape), rank.reshape(shape), slot.reshape(shape)
+
+    def places(self, addrs) -> np.ndarray:
+        """Current unified place (int64, see `layout()`) of each allocated address, same shape."""
+        a = self._addresses(addrs, "addrs", allow_padding=False)
+        return self._places(a, "addrs").reshape(np.shape(addrs))
+
+    def layout(self) -> PlaceLayout:
+        """How unified places map to (tier, rank, slot): GPU pools, CPU pools, TP local buffers."""
+        pol, b = self.policy, self.buffers
+        return PlaceLayout(num_ranks=pol.num_gpu_places // pol.gpu_seg, gpu_slots=self.config.gpu_slots,
+                           gpu_seg=pol.gpu_seg, cpu_slots=self.config.cpu_slots,
+                           buffer_slots=b.slots if b is not None else 0, buffer_seg=b.seg if b is not None else 0)
+
+    def device_state(self) -> DeviceState:
+        """Dense read-only snapshot of the pb-lru/lru state a device twin mirrors (sized by the budget; see
+        layout.DeviceState). ValueError for hisparse or while a plan is pending."""
+        self._idle("snapshot the device state")
+        pol = self.policy
+        if not pol.exclusive:
+            raise ValueError(f"device_state covers pb-lru and lru, not {self.config.policy!r}")
+        buckets = getattr(pol, "buckets", None)
+        nbytes = pol.num_gpu_places // 8
+        ring = buckets.ring if buckets is not None else np.zeros((0, nbytes), np.uint8)
+        cold = buckets.cold if buckets is not None else np.zeros(0, np.uint8)
+        ro = [np.ascontiguousarray(x) for x in (self.space.phys.astype(np.int64), pol.gpu.owner, pol.gpu.stamps,
+                                                pol.gpu.free_bm, ring, cold)]
+        for x in ro:
+            x.setflags(write=False)
+        return DeviceState(self.layout(), self.config.policy, int(pol.step),
+                           buckets.num_recent if buckets is not None else 0, *ro, marker_size=self.space.size + 1)
 
     def num_free_slots(self, tier: int | None = None, rank: int | None = None) -> int:
         """Free token slots: tier 0 GPU, 1 CPU, None = logical slots a new token can take (GPU + CPU for pb-lru/lru,

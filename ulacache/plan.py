@@ -30,10 +30,18 @@ class Plan:
     # Row moves over unified places (GPU, CPU, TP local-buffer places); every source is read before any write.
     move_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     move_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    policy_state: Any = None  # what the policy applies at commit
-    buffer_state: Any = None  # what the TP local buffers apply at commit
+    policy_state: Any = None  # private: what the policy applies at commit (executors read `exchanges`)
+    buffer_state: Any = None  # private: what the TP local buffers apply at commit
     committed: bool = False
     layers_done: set = field(default_factory=set)
+    _exchanges: Any = field(default=None, repr=False)  # Exchanges, or a callable building them on first use
+
+    @property
+    def exchanges(self):
+        """The plan's transfers as a typed, read-only `layout.Exchanges` (built on first use)."""
+        if callable(self._exchanges):
+            self._exchanges = self._exchanges()
+        return self._exchanges
 
     @property
     def h2d_rows(self) -> int:

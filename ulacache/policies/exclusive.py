@@ -126,10 +126,8 @@ class ExclusivePolicy:
         hit_idx, miss_idx = np.flatnonzero(hit), np.flatnonzero(~hit)
         hit_places = places.take(hit_idx).astype(np.int64)
         miss_addrs, miss_src = uniq.take(miss_idx), places.take(miss_idx).astype(np.int64)
-        if R > 1:
+        if R > 1:  # misses are grouped by home rank already: homes are ascending address ranges
             miss_rank = self.cpu.rank_of(miss_src)
-            order = np.argsort(miss_rank, kind="stable")
-            miss_addrs, miss_src, miss_rank = miss_addrs[order], miss_src[order], miss_rank[order]
             m_counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
             h_counts = np.bincount(hit_places // gpu.seg, minlength=R).astype(np.int64)
         else:
