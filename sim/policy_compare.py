@@ -64,7 +64,7 @@ class ReferenceStream:
 
 
 def _schedule(out_tokens: np.ndarray, concurrency: int, max_steps: int):
-    """Yield (step, running request indices, their decode steps) of a closed batch of `concurrency` slots."""
+    """Yield (step, running request indices, their decode steps): continuous batching with `concurrency` slots."""
     n = out_tokens.size
     start = np.full(n, -1, np.int64)
     nxt, running, step = 0, [], 0
