@@ -182,7 +182,10 @@ def test_systems_pick_their_own_mechanism_costs():
     assert HiSparse.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(100 * 656 / 0.1)
     assert System.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
     assert HiSparse.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(
-        cm.kernel_overhead_s(1) + cm["hisparse_per_ref_s"] * 2048)
+        cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 2048)
+    assert cm["hisparse_swapin_fixed_s"] > 10 * cm.kernel_overhead_s(1)  # one block scans its 4096-slot buffer
+    bare = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_fixed_s": 0.0})
+    assert bare.hisparse_management_s(0.0 + 1) == pytest.approx(bare.kernel_overhead_s(1) + bare["hisparse_per_ref_s"])
     assert System.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(cm.management_s(2048, 2048, 900))
 
 
