@@ -104,6 +104,11 @@ def _replay_row(metrics_path: Path) -> dict:
     return row
 
 
+def _in_temporary(rel: Path) -> bool:
+    """A path inside a hidden `.NAME.tmp-*` / `.NAME.old-*` dir: an output being written or replaced."""
+    return any(part.startswith(".") and (".tmp-" in part or ".old-" in part) for part in rel.parts[:-1])
+
+
 def _under(path: Path, dirs: list[Path]) -> bool:
     return any(d == path or d in path.parents for d in dirs)
 
@@ -117,20 +122,29 @@ def collect(root) -> Results:
         raise ValueError(f"{root}: not a directory")
     frames, plans, validations, sources, notes = [], [], [], [], []
 
-    sweep_dirs = sorted({p.parent for p in root.rglob(SWEEP_TABLE)} | {p.parent for p in root.rglob(SWEEP_CSV)})
+    def found(name: str) -> list[Path]:  # files under root, skipping hidden temporaries of unfinished writes
+        return sorted(p for p in root.rglob(name) if not _in_temporary(p.relative_to(root)))
+
+    sweep_dirs = sorted({p.parent for p in found(SWEEP_TABLE)} | {p.parent for p in found(SWEEP_CSV)})
     for d in sweep_dirs:
-        try:
-            df = pd.read_parquet(d / SWEEP_TABLE) if (d / SWEEP_TABLE).exists() else pd.read_csv(d / SWEEP_CSV)
-        except Exception as exc:  # noqa: BLE001 - a broken file is reported, not fatal
-            notes.append(f"{d.relative_to(root)}: unreadable results table ({type(exc).__name__})")
+        df, used = None, None
+        for name, read in ((SWEEP_TABLE, pd.read_parquet), (SWEEP_CSV, pd.read_csv)):
+            if not (d / name).exists():
+                continue
+            try:
+                df, used = read(d / name), name
+                break
+            except Exception as exc:  # noqa: BLE001 - a broken file is reported; the other format may serve
+                notes.append(f"{(d / name).relative_to(root)}: unreadable results table ({type(exc).__name__})")
+        if df is None:
             continue
         df = df.copy()
         df["source"] = str(d.relative_to(root)) or "."
         frames.append(df)
-        sources.append(str((d / SWEEP_TABLE).relative_to(root)))
+        sources.append(str((d / used).relative_to(root)))
 
     plan_dirs = []
-    for path in sorted(root.rglob("plan.json")):
+    for path in found("plan.json"):
         try:
             plan = _read_json(path)
             if not isinstance(plan, dict) or "systems" not in plan:
@@ -144,7 +158,7 @@ def collect(root) -> Results:
         sources.append(plan["_path"])
 
     rows = []
-    for path in sorted(root.rglob("metrics.json")):
+    for path in found("metrics.json"):
         if _under(path.parent, sweep_dirs + plan_dirs):  # counted through their table / plan.json
             continue
         try:
@@ -158,7 +172,7 @@ def collect(root) -> Results:
     if rows:
         frames.append(pd.DataFrame(rows))
 
-    for path in sorted(root.rglob("*validate*.json")):
+    for path in found("*validate*.json"):
         try:
             data = _read_json(path)
         except (OSError, ValueError) as exc:

@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--trace", type=Path, default=None,
                    help="trace directory (requests.parquet + trace.yaml); default: generate from workload.*")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--max-memory-gb", type=float, default=None, metavar="GB",
+                   help="refuse (exit 2) a replay whose estimated peak memory exceeds this (default: what the "
+                   "machine has available)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing run in --out (and an existing --trace-events file)")
     p.set_defaults(func=_replay)
@@ -44,6 +47,8 @@ def _replay(args: argparse.Namespace) -> int:
         sets.append(f"workload.trace={args.trace}")
     # Refuse before simulating: an earlier run is replaced only with --force; the run is written into a hidden
     # sibling dir and renamed into place whole, so a failure leaves what was on disk byte-identical.
+    if args.max_memory_gb is not None and not 0 < args.max_memory_gb < float("inf"):
+        raise ValueError(f"--max-memory-gb must be a finite number > 0, got {args.max_memory_gb}")
     check_out_path(args.out, args.force, owns=is_run_dir, what="replay run")
     if args.trace_events is not None and args.trace_events.exists() and not args.force:
         raise ValueError(f"{args.trace_events}: exists; pass --force to replace it")
@@ -52,7 +57,7 @@ def _replay(args: argparse.Namespace) -> int:
         events = stack.enter_context(StagedFile(args.trace_events)) if args.trace_events is not None else None
         metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
                              trace_events=events.path if events else None, calibration=args.calibration,
-                             overrides=sets)
+                             overrides=sets, max_memory_gb=args.max_memory_gb)
         stage.publish()
         if events is not None:
             events.publish()

@@ -54,6 +54,7 @@ def register(subparsers) -> None:
     pl.add_argument("--workers", type=int, default=None,
                     help="systems searched in parallel processes (default: CPU count; 1 = one after another)")
     pl.add_argument("--out", type=Path, required=True, help="output dir for plan.json, plan.png and the replays")
+    pl.add_argument("--force", action="store_true", help="replace an earlier plan in --out")
     pl.set_defaults(func=_plan)
 
 
@@ -102,11 +103,18 @@ def _plan(args: argparse.Namespace) -> int:
     systems = list(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip()))
     if not systems:
         raise ValueError("--systems is empty")
-    result = run_plan(model=args.model, hardware=args.hardware, num_gpus=args.num_gpus, gpu_kv_gb=args.gpu_kv_gb,
-                      cpu_kv_gb=args.cpu_kv_gb, slo_tpot_ms=args.slo_tpot_ms, slo_metric=args.slo_metric,
-                      systems=systems, attention=args.attention, config=args.config, sets=args.sets,
-                      max_concurrency=args.max_concurrency, rel_tol=args.rel_tol,
-                      requests_per_cap=args.requests_per_cap, out_dir=args.out, workers=workers,
-                      progress=True)
+    from traces.atomic import StagedDir, check_out_path
+
+    # the plan (plan.json, plan.png, its replays) is built in a hidden sibling and renamed into place whole
+    check_out_path(args.out, args.force, owns=lambda p: (p / "plan.json").is_file(), what="plan")
+    with StagedDir(args.out) as stage:
+        result = run_plan(model=args.model, hardware=args.hardware, num_gpus=args.num_gpus,
+                          gpu_kv_gb=args.gpu_kv_gb, cpu_kv_gb=args.cpu_kv_gb, slo_tpot_ms=args.slo_tpot_ms,
+                          slo_metric=args.slo_metric, systems=systems, attention=args.attention, config=args.config,
+                          sets=args.sets, max_concurrency=args.max_concurrency, rel_tol=args.rel_tol,
+                          requests_per_cap=args.requests_per_cap, out_dir=stage.path, workers=workers,
+                          progress=True)
+        stage.publish()
+    result["plot"] = str(args.out / "plan.png")
     print_plan(result)
     return 0

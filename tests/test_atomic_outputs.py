@@ -171,3 +171,60 @@ def test_trace_gen_refusals_leave_nothing(tmp_path, capsys):
         code = main(["trace", "gen", "--profile", "small", "--out", str(tmp_path / "t"), *argv])
         assert_one_line(capsys, code, needle)
     assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------------ report, plan
+def _results_dir(root: Path) -> Path:
+    import pandas as pd
+
+    sweep = root / "res" / "s"
+    sweep.mkdir(parents=True)
+    df = pd.DataFrame({"point_id": ["a", "b"], "status": ["ok", "ok"], "system": ["sglang", "ulacache"],
+                       "workload.max_concurrency": [1, 1], "decode_throughput_tok_s": [10.0, 20.0],
+                       "max_admitted_concurrency": [1, 1], "tpot_ms_p50": [5.0, 4.0], "tpot_ms_mean": [5.0, 4.0]})
+    df.to_csv(sweep / "results.csv", index=False)
+    (sweep / "results.parquet").write_bytes(b"PAR1 this is not parquet")
+    return root / "res"
+
+
+def test_report_reads_the_csv_beside_a_corrupt_parquet(tmp_path, capsys):
+    res = _results_dir(tmp_path)
+    assert main(["report", str(res), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "2 replay runs" in page and "s/results.csv" in page and "unreadable results table" in page
+
+
+def test_report_refuses_an_earlier_report_without_force(tmp_path, capsys):
+    res = _results_dir(tmp_path)
+    assert main(["report", str(res), "--out", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    assert_one_line(capsys, main(["report", str(res), "--out", str(tmp_path / "rep")]), "pass --force")
+    assert snapshot(tmp_path) == before
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.txt").write_text("keep")
+    before = snapshot(tmp_path)
+    assert_one_line(capsys, main(["report", str(res), "--out", str(tmp_path / "mine"), "--force"]),
+                    "not a report directory")
+    assert snapshot(tmp_path) == before
+    assert main(["report", str(res), "--out", str(tmp_path / "rep"), "--force"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "rep", "res"]
+
+
+def test_plan_refuses_an_earlier_plan_without_force(tmp_path, capsys):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "plan.json").write_text("{}")
+    before = snapshot(tmp_path)
+    code = main(["plan", "--model", "glm-5.2", "--hardware", "h200", "--slo-tpot-ms", "50", "--out",
+                 str(tmp_path / "p")])
+    assert_one_line(capsys, code, "pass --force to replace it")
+    assert snapshot(tmp_path) == before
+
+
+def test_report_disk_full_keeps_old_report(tmp_path):
+    res = _results_dir(tmp_path)
+    assert cli("report", res, "--out", tmp_path / "rep").returncode == 0
+    before = snapshot(tmp_path)
+    proc = cli("report", res, "--out", tmp_path / "rep", "--force", fsize=2000)
+    assert_refused(proc, "File too large")
+    assert snapshot(tmp_path) == before
