@@ -189,14 +189,15 @@ def compare_dirs(tmp_path_factory):
     return root
 
 
-def test_policy_compare_curves_in_miss_ratio_figure(tmp_path, compare_dirs):
-    from sim import peers
-
-    make_results(tmp_path)
+def test_policy_compare_curves_in_miss_ratio_figure(tmp_path, full_report, compare_dirs):
     import shutil
 
-    shutil.copytree(compare_dirs / "with", tmp_path / "peers")
-    index = build_report(tmp_path)
+    from sim import peers
+
+    root = tmp_path / "r"
+    shutil.copytree(full_report[0], root, ignore=shutil.ignore_patterns("report"))  # replays, plan, validation
+    shutil.copytree(compare_dirs / "with", root / "peers")
+    index = build_report(root)
     page = index.read_text()
     assert (index.parent / "miss_ratio_curve.png").stat().st_size > 10_000
     assert "peers/policy_compare.parquet" in page and "policy-compare panels" in page
