@@ -82,13 +82,16 @@ class CostModel:
             if found is not None:
                 values = _merge_costs(values, found[0], found[1]["calibration"])
                 provenance.update(found[1])
+                provenance["calibrated_keys"] = sorted(found[0])
             else:
                 provenance["calibration"] = None
         elif str(calibration).lower() == NO_CALIBRATION:
             provenance["calibration"] = None
         else:
-            values = _merge_costs(values, read_calibration(Path(calibration)), str(calibration))
+            explicit = read_calibration(Path(calibration))
+            values = _merge_costs(values, explicit, str(calibration))
             provenance["calibration"] = str(calibration)
+            provenance["calibrated_keys"] = sorted(explicit)
         values = _merge_costs(values, overrides or {}, "config costs")
         if overrides:
             provenance["config_costs"] = sorted(overrides)
@@ -115,6 +118,11 @@ class CostModel:
 
     def __getitem__(self, key: str):
         return self.values[key]
+
+    @property
+    def calibrated_keys(self) -> frozenset:
+        """Cost keys set by the calibration in use (default or explicit), not by defaults or config costs."""
+        return frozenset(self.provenance.get("calibrated_keys", ()))
 
     # ------------------------------------------------------------------ primitives
     def launch_s(self, num_kernels: float = 1) -> float:

@@ -38,19 +38,26 @@ class Constant:
     lo: float = 0.0
     hi: float = math.inf
     integer: bool = False
-    applies: Callable = lambda cfg: True
+    applies: Callable = lambda cfg, costs: True  # (config, cost model) -> can this constant act here?
     capacity: bool = False  # acts on the budgets / sizing (admission), not only on step times
 
 
-def _hisparse(cfg) -> bool:
-    return cfg.system == "hisparse"
+def _hisparse_fallback(cfg, costs) -> bool:
+    """HiSparse's copy-efficiency fallback acts only while the calibration has no per-batch table."""
+    return cfg.system == "hisparse" and not costs["hisparse_swapin_efficiency_by_batch"]
 
 
-def _policy(cfg) -> bool:
+def _hisparse_uncalibrated(key: str) -> Callable:
+    def applies(cfg, costs) -> bool:  # assumed only while no calibration measured it
+        return cfg.system == "hisparse" and key not in costs.calibrated_keys
+    return applies
+
+
+def _policy(cfg, costs) -> bool:
     return cfg.system != "sglang"
 
 
-def _spec(cfg) -> bool:
+def _spec(cfg, costs) -> bool:
     return cfg.query_tokens > 1
 
 
@@ -64,9 +71,9 @@ ASSUMED: tuple[Constant, ...] = (
     Constant("costs.indexer_kernels", "kernels of the indexer per layer (3)", 1, integer=True),
     Constant("costs.indexer_score_bytes", "bytes per (key, query) score written and read by top-k (8)"),
     Constant("costs.hisparse_per_ref_s", "HiSparse hash + LRU per top-k reference (HKV lookup rate)",
-             applies=_hisparse),
+             applies=_hisparse_uncalibrated("hisparse_per_ref_s")),
     Constant("costs.hisparse_swapin_efficiency", "HiSparse copy efficiency fallback (naive gather 0.36)", 1e-3, 1.0,
-             applies=_hisparse),
+             applies=_hisparse_fallback),
     Constant("memory.gpu_reserve_bytes", "GPU reserve for activations, CUDA graphs, workspace (8 GB)",
              capacity=True),
     Constant("memory.host_kv_fraction", "share of host memory given to KV (0.75)", 1e-3, 1.0, applies=_policy,
@@ -140,8 +147,8 @@ def run(config, overrides: list[str] | None = None, calibration=None, full: bool
     t0 = time.perf_counter()
     base = headline(sim.replay(tree, None, calibration=calibration))
     base["admitted"] = admitted(tree, calibration, [])
-    todo = [c for c in ASSUMED if c.applies(cfg)]
-    skipped = [c.key for c in ASSUMED if not c.applies(cfg)]
+    todo = [c for c in ASSUMED if c.applies(cfg, costs)]
+    skipped = [c.key for c in ASSUMED if not c.applies(cfg, costs)]
     rows = []
     for i, c in enumerate(todo):
         value = base_value(cfg, costs, c.key)

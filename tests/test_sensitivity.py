@@ -29,8 +29,14 @@ def test_perturbation_is_clipped_to_the_valid_range_and_reads_back():
         c = by_key["costs.step_overhead_s"]
         assert yaml.safe_load(sensitivity._text(value, c)) == pytest.approx(value)
     # constants that cannot act on the config are skipped
-    applies = {c.key for c in sensitivity.ASSUMED if c.applies(cfg)}
+    applies = {c.key for c in sensitivity.ASSUMED if c.applies(cfg, costs)}
     assert "spec.accept_mean" in applies and "costs.hisparse_per_ref_s" not in applies
+    hs = build(resolve({**TINY, "system": "hisparse"}))
+    measured = CostModel.load(hs.hardware, hs.model)  # the committed calibration has HiSparse's per-batch table
+    fallback = CostModel.load(hs.hardware, hs.model, calibration="none")
+    by = {c.key: c for c in sensitivity.ASSUMED}
+    eff = by["costs.hisparse_swapin_efficiency"]
+    assert eff.applies(hs, fallback) and eff.applies(hs, measured) == (not measured["hisparse_swapin_efficiency_by_batch"])
 
 
 def test_headline_tpot_from_steps():
@@ -57,7 +63,7 @@ def test_sensitivity_run_writes_table_and_moves_what_it_should(sens_dir):
     assert len(pd.read_csv(out / "sensitivity.csv")) == len(table)
     meta = json.loads((out / "sensitivity.json").read_text())
     built = build(resolve(TINY))
-    applicable = [c.key for c in sensitivity.ASSUMED if c.applies(built)]
+    applicable = [c.key for c in sensitivity.ASSUMED if c.applies(built, CostModel.load(built.hardware, built.model))]
     assert sorted(set(table["constant"])) == sorted(applicable) and len(table) == 2 * len(applicable)
     assert meta["replays"] == 1 + len(table) and meta["base"]["throughput_tok_s"] > 0
     row = table.set_index(["constant", "factor"])
