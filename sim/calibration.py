@@ -31,6 +31,10 @@ DERIVATIONS: dict[str, tuple[str, float]] = {
     "mgmt_per_miss_s": ("hbm_bw_bytes_s", -1.0),
     "hisparse_per_ref_s": ("hbm_bw_bytes_s", -1.0),
 }
+# table key -> rule for every value: HiSparse's swap-in rate is set by its blocks' bytes in flight over the PCIe read
+# latency (one block per request), which a faster link does not raise: its absolute rate is carried, so its share of a
+# link r times faster is divided by r.
+TABLE_DERIVATIONS: dict[str, tuple[str, float]] = {"hisparse_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
 
 
 def read(path: Path) -> tuple[dict, dict]:
@@ -63,6 +67,11 @@ def derive(costs: dict, reference: HardwareSpec, target: HardwareSpec) -> tuple[
         if abs(ratio - 1.0) > 1e-12:
             out[key] = out[key] * ratio
             notes[key] = f"x {ratio:.4g} ({field} {target.name}/{reference.name} datasheet ratio)"
+    for key, (field, exponent) in TABLE_DERIVATIONS.items():
+        ratio = (getattr(target, field) / getattr(reference, field)) ** exponent
+        if out.get(key) and abs(ratio - 1.0) > 1e-12:
+            out[key] = {k: min(1.0, float(v) * ratio) for k, v in out[key].items()}
+            notes[key] = f"each x {ratio:.4g} ({field} {target.name}/{reference.name}: the absolute rate carried)"
     return out, notes
 
 

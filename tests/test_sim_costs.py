@@ -218,5 +218,10 @@ def test_node_host_caps_are_optional_and_derived_like_pcie():
     out, notes = calibration.derive({"pcie_host_h2d_cap_bytes_s": 100e9, "launch_s": 5e-6}, h200, b300)
     assert out["pcie_host_h2d_cap_bytes_s"] == pytest.approx(100e9 * b300.pcie_bw_bytes_s / h200.pcie_bw_bytes_s)
     assert out["launch_s"] == 5e-6 and "launch_s" not in notes
+    # HiSparse's swap-in keeps its absolute rate (blocks x bytes in flight / read latency) on a faster link
+    out, notes = calibration.derive({"hisparse_swapin_efficiency_by_batch": {1: 0.04, 64: 0.9}}, h200, b300)
+    r = h200.pcie_bw_bytes_s / b300.pcie_bw_bytes_s
+    assert out["hisparse_swapin_efficiency_by_batch"] == pytest.approx({1: 0.04 * r, 64: 0.9 * r})
+    assert "hisparse_swapin_efficiency_by_batch" in notes
     capped = CostModel.load("h200", "glm-5", overrides={"pcie_host_h2d_cap_bytes_s": 80e9})
     assert capped["pcie_host_h2d_cap_bytes_s"] == 80e9
