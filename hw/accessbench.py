@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from hw.gpu import cupy, time_gpu
-from hw.pipeline import DevicePbLru, compare_state, compare_with_plan
 from hw.workload import Selector, build_cache, to_addresses
+from ulacache.backends.cupy_pipeline import DevicePbLru, compare_state, compare_with_plan, spin
 
 
 def check_steps(cache, addrs, selector, dev, steps: int, decode_alloc: bool = True) -> dict:
@@ -107,21 +107,16 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
         out["device_matches_plan_in_graph_run"] = not compare_with_plan(dev.result(), plan)
     except Exception as exc:  # graph capture is an optimisation; report why it was not measured
         out["graph_error"] = f"{type(exc).__name__}: {exc}"
-    for v in (2, 3):
-        out[f"stages_v{v}_s"] = stage_times(cache, snap, refs, now, v)
+    out["stages_s"] = stage_times(dev, snap, now)
     best = out.get("graph_access_s", out["eager_access_s"])
     out["refs_per_s"] = out["num_refs"] / best
     return out
 
 
-def stage_times(cache, snap, refs, now: int, version: int, repeat: int = 5) -> dict:
+def stage_times(dev, snap, now: int, repeat: int = 5) -> dict:
     """GPU time of each pipeline stage: a spin kernel holds the GPU while the host enqueues the whole batch with
     events between stages, so event gaps are kernel time (plus the device-side launch gaps), not host time."""
-    from hw.pipeline import _fn
-
     cp = cupy()
-    dev = DevicePbLru(cache, refs.size, version=version)
-    dev.set_refs(refs)
     acc: dict = {}
     for _ in range(repeat + 1):
         dev.restore(snap)
@@ -133,7 +128,7 @@ def stage_times(cache, snap, refs, now: int, version: int, repeat: int = 5) -> d
             e.record()
             events.append((stage, e))
 
-        _fn("spin_ns")((1,), (1,), (np.int64(3_000_000),))
+        spin(3_000_000)
         mark("start")
         dev.launch_access(now, mark=mark)
         events[-1][1].synchronize()

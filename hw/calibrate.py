@@ -26,8 +26,8 @@ LINK_ROWS = (256, 1024, 4096, 16384, 65536, 131072)
 
 def measure_management(shapes, history: int = 32768, gpu_slots: int = 1 << 20, seed: int = 0) -> list[dict]:
     """(refs, unique, misses, graph time of access + commit) for batches of the given (requests, q, top_k)."""
-    from hw.pipeline import DevicePbLru
     from hw.workload import Selector, build_cache, to_addresses
+    from ulacache.backends.cupy_pipeline import DevicePbLru
 
     cp = cupy()
     max_req = max(s[0] for s in shapes)

@@ -55,6 +55,8 @@ def register(subparsers) -> None:
     v.add_argument("--draft-tokens", type=int, default=3, help="speculative draft tokens (query tokens = 1 + this)")
     v.add_argument("--backend", choices=("cupy", "numpy"), default="cupy",
                    help="cupy: real GPU run; numpy: CPU dry run of the same logic (no timings)")
+    v.add_argument("--reverse-launch", action="store_true",
+                   help="diagnostic: enqueue the ranks' transfers last rank first (does a rank's time follow order?)")
     v.add_argument("--out", default="validate.json", help="JSON file to write")
     v.set_defaults(func=_validate)
 

@@ -164,8 +164,8 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
     (each GPU gathers the rows evenly from every other GPU of `gpus`, one gather per peer). GPU 0 spins while the
     host enqueues; every GPU waits on an event recorded after the spin, so all start together. Returns per point the
     slowest GPU's time (a step waits for it) and every GPU's own."""
-    from hw.pipeline import _fn
     from ulacache.backends.cupy_copy import HostPool, exchange_rows, gather_rows
+    from ulacache.backends.cupy_pipeline import spin
 
     cp = cupy()
     rng = np.random.default_rng(seed)
@@ -198,7 +198,7 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
         for rep in range(repeat + 1):
             g0 = gpus[0]
             with cp.cuda.Device(g0), pools[g0][2]:
-                _fn("spin_ns")((1,), (1,), (np.int64(2_000_000),))
+                spin(2_000_000)
                 go = pools[g0][2].record()
             ends = []
             for g in gpus:

@@ -12,74 +12,71 @@ import numpy as np
 
 
 def transfer_lists(cache, plan, pending: list) -> list[dict]:
-    pol, R = cache.policy, cache.config.num_ranks
-    seg, base, cs = pol.gpu.seg, pol.cpu.base, max(pol.cpu.slots, 1)
-    st = plan.policy_state
+    """Per rank: the exchange (GPU slot g, host slot h, has-victim v), the pending new-token writes (host slots and
+    rows) and, in TP, the peer gathers {home rank: (source GPU slots, buffer slots, addresses)}, from the plan's
+    public `exchanges` and the cache's `layout()`."""
+    lay, ex, R = cache.layout(), plan.exchanges, cache.layout().num_ranks
+    _, drank, g = lay.decode(ex.miss_dst)
+    _, _, h = lay.decode(ex.miss_src)
+    p_tier, p_home, p_slot = lay.decode(ex.peer_src_after)
+    if (p_tier != lay.GPU).any():
+        raise AssertionError("a peer fetch source is not GPU-resident after the exchange")
+    _, _, b_slot = lay.decode(ex.peer_dst)
     out = []
-    drank = st.dests // seg
-    new_place = dict(zip(st.miss_addrs.tolist(), st.dests.tolist())) if plan.buffer_state is not None else {}
-    bs = plan.buffer_state
+    pend = [(a, *lay.decode(np.array([p]))[1:], row) for a, p, row in pending]
     for r in range(R):
         sel = drank == r
-        lst = {"g": st.dests[sel] - r * seg, "h": st.miss_src[sel] - base - r * cs, "v": st.victims[sel] >= 0}
-        pa = [(a, p, row) for a, p, row in pending if (p - base) // cs == r]
-        lst["pend_h"] = np.array([p - base - r * cs for _, p, _ in pa], dtype=np.int64)
-        lst["pend_rows"] = (np.stack([row for _, _, row in pa]) if pa else None)
+        lst = {"g": g[sel], "h": h[sel], "v": ex.victims[sel] >= 0}
+        pa = [(int(s[0]), row) for _, rk, s, row in pend if int(rk[0]) == r]
+        lst["pend_h"] = np.array([s for s, _ in pa], dtype=np.int64)
+        lst["pend_rows"] = np.stack([row for _, row in pa]) if pa else None
         lst["peers"] = {}
-        if bs is not None:
-            lseg = cache.buffers.seg
-            miss_rank = getattr(bs, "miss_rank", None)
-            if miss_rank is None:  # misses grouped by receiving rank, `counts` per rank
-                miss_rank = np.repeat(np.arange(R, dtype=np.int64), bs.counts)
-            m = miss_rank == r
-            addrs, dst = bs.miss_addrs[m], bs.dests[m] - r * lseg
-            src = np.array([new_place.get(a, -1) for a in addrs.tolist()], dtype=np.int64)
-            old = cache.space.phys[addrs].astype(np.int64)
-            src = np.where(src >= 0, src, old)
-            if (src >= pol.gpu.num_places).any():
-                raise AssertionError("a peer fetch source is not GPU-resident after the exchange")
-            home = src // seg
-            for h in np.unique(home).tolist():  # loop over home ranks
-                k = home == h
-                lst["peers"][h] = (src[k] - h * seg, dst[k])
+        m = ex.peer_rank == r
+        for home in np.unique(p_home[m]).tolist():  # loop over home ranks
+            k = m & (p_home == home)
+            lst["peers"][home] = (p_slot[k], b_slot[k], ex.peer_addrs[k])
         out.append(lst)
     return out
-
-
-def _place_split(cache, places):
-    pol = cache.policy
-    G, seg, base, cs = pol.gpu.num_places, pol.gpu.seg, pol.cpu.base, max(pol.cpu.slots, 1)
-    on_gpu = places < G
-    rank = np.where(on_gpu, places // seg, (places - base) // cs)
-    local = np.where(on_gpu, places - rank * seg, places - base - rank * cs)
-    return on_gpu, rank, local
 
 
 class NumpyExecutor:
     """CPU arrays standing in for the pools: checks the index logic of any rank count (no timings)."""
 
     def __init__(self, cache, row_bytes: int):
-        pol, R = cache.policy, cache.config.num_ranks
-        self.cache, self.rb, self.R = cache, row_bytes, R
-        self.gpu = [np.zeros((pol.gpu.seg, row_bytes), np.uint8) for _ in range(R)]
-        self.host = [np.zeros((max(pol.cpu.slots, 1), row_bytes), np.uint8) for _ in range(R)]
-        self.buf = ([np.zeros((cache.buffers.seg, row_bytes), np.uint8) for _ in range(R)]
-                    if cache.buffers is not None else None)
+        lay = cache.layout()
+        R = lay.num_ranks
+        self.cache, self.lay, self.rb, self.R = cache, lay, row_bytes, R
+        self.gpu = [np.zeros((lay.gpu_seg, row_bytes), np.uint8) for _ in range(R)]
+        self.host = [np.zeros((max(lay.cpu_slots, 1), row_bytes), np.uint8) for _ in range(R)]
+        self.buf = [np.zeros((lay.buffer_seg, row_bytes), np.uint8) for _ in range(R)] if lay.buffer_seg else None
+        self.buf_owner = [np.full(lay.buffer_seg, -1, np.int64) for _ in range(R)]  # what this executor copied
 
     def facts(self) -> dict:
         return {"gpu": "none (numpy dry run)", "num_gpus": 0}
 
+    def _split(self, places):
+        tier, rank, local = self.lay.decode(places)
+        return tier == self.lay.GPU, rank, local
+
+    def _track(self, lists) -> None:
+        for r, lst in enumerate(lists):
+            for _, (_, dst, addrs) in lst["peers"].items():
+                self.buf_owner[r][dst] = addrs
+
     def write(self, addrs, places, rows) -> None:
-        on_gpu, rank, local = _place_split(self.cache, places)
+        on_gpu, rank, local = self._split(places)
         for r in range(self.R):  # loop over ranks
             g, h = on_gpu & (rank == r), ~on_gpu & (rank == r)
             self.gpu[r][local[g]] = rows[g]
             self.host[r][local[h]] = rows[h]
 
     def write_new(self, addrs, places, rows, pending: list) -> None:
-        on_gpu = places < self.cache.policy.gpu.num_places
+        on_gpu = self._split(places)[0]
         self.write(addrs[on_gpu], places[on_gpu], rows[on_gpu])
         pending.extend(zip(addrs[~on_gpu].tolist(), places[~on_gpu].tolist(), rows[~on_gpu]))
+
+    def prepare(self, refs) -> None:
+        """Before `cache.access(refs)`: nothing to mirror on the CPU."""
 
     def run_step(self, plan, refs, pending) -> dict:
         lists = transfer_lists(self.cache, plan, pending)
@@ -91,15 +88,16 @@ class NumpyExecutor:
             if lst["pend_rows"] is not None:
                 self.host[r][lst["pend_h"]] = lst["pend_rows"]
         for r, lst in enumerate(lists):  # phase 2 (after all exchanges): peer gathers into local buffers
-            for home, (src, dst) in lst["peers"].items():
+            for home, (src, dst, _) in lst["peers"].items():
                 self.buf[r][dst] = self.gpu[home][src]
+        self._track(lists)
         return {}
 
     def check_state(self) -> list:
         return []
 
     def _rows_at(self, places):
-        on_gpu, rank, local = _place_split(self.cache, places)
+        on_gpu, rank, local = self._split(places)
         rows = np.empty((places.size, self.rb), np.uint8)
         for r in range(self.R):
             g, h = on_gpu & (rank == r), ~on_gpu & (rank == r)
@@ -110,21 +108,20 @@ class NumpyExecutor:
     def _buffer_rows(self, r, slots):
         return self.buf[r][slots]
 
-    def verify(self, cache, payload_rows) -> dict:
-        """Every allocated entry's bytes (and every TP buffer copy) must encode its logical address."""
-        addrs = np.flatnonzero(cache.space.phys >= 0)
+    def verify(self, cache, addrs, payload_rows) -> dict:
+        """Every allocated entry's bytes (at `cache.places`) and every TP buffer copy this executor made must encode
+        its logical address."""
+        addrs = np.asarray(addrs, dtype=np.int64)
         bad = 0
         for chunk in np.array_split(addrs, max(1, addrs.size // 200_000)):
-            rows = self._rows_at(cache.space.phys[chunk].astype(np.int64))
+            rows = self._rows_at(cache.places(chunk))
             bad += int((rows != payload_rows(chunk, self.rb)).any(axis=1).sum())
         copies, bad_entries = 0, bad
-        if cache.buffers is not None:
-            b = cache.buffers
+        if self.buf is not None:
             for r in range(self.R):  # loop over ranks
-                occ = np.flatnonzero(b.owner[r * b.seg:(r + 1) * b.seg] >= 0)
-                own = b.owner[r * b.seg + occ]
+                occ = np.flatnonzero(self.buf_owner[r] >= 0)
                 rows = self._buffer_rows(r, occ)
-                bad += int((rows != payload_rows(own, self.rb)).any(axis=1).sum())
+                bad += int((rows != payload_rows(self.buf_owner[r][occ], self.rb)).any(axis=1).sum())
                 copies += int(occ.size)
         return {"checked_entries": int(addrs.size), "checked_buffer_copies": copies, "bad": bad,
                 "bad_entries": bad_entries, "bad_buffer_copies": bad - bad_entries}
@@ -146,10 +143,13 @@ class GpuExecutor(NumpyExecutor):
         import cupy as cp
 
         from hw.gpu import enable_peer_access
-        from hw.pipeline import DevicePbLru
         from ulacache.backends.cupy_copy import HostPool
+        from ulacache.backends.cupy_pipeline import DevicePbLru
 
-        pol, R = cache.policy, cache.config.num_ranks
+        lay = cache.layout()
+        R = lay.num_ranks
+        self.lay, self.order = lay, list(range(R))
+        self.buf_owner = [np.full(lay.buffer_seg, -1, np.int64) for _ in range(R)]
         if cp.cuda.runtime.getDeviceCount() < R:
             raise ValueError(f"--ranks {R} needs {R} GPUs; this host has {cp.cuda.runtime.getDeviceCount()}")
         self.cp, self.cache, self.rb, self.R = cp, cache, row_bytes, R
@@ -158,10 +158,10 @@ class GpuExecutor(NumpyExecutor):
         self.gpu, self.host, self.buf, self.streams = [], [], [], []
         for r in range(R):
             with cp.cuda.Device(r):
-                self.gpu.append(cp.zeros((pol.gpu.seg, row_bytes), cp.uint8))
-                self.host.append(HostPool(max(pol.cpu.slots, 1), row_bytes))
-                if cache.buffers is not None:
-                    self.buf.append(cp.zeros((cache.buffers.seg, row_bytes), cp.uint8))
+                self.gpu.append(cp.zeros((lay.gpu_seg, row_bytes), cp.uint8))
+                self.host.append(HostPool(max(lay.cpu_slots, 1), row_bytes))
+                if lay.buffer_seg:
+                    self.buf.append(cp.zeros((lay.buffer_seg, row_bytes), cp.uint8))
                 self.streams.append(cp.cuda.Stream(non_blocking=True))
         with cp.cuda.Device(0):
             self.dev = DevicePbLru(cache, max_refs=1)
@@ -174,7 +174,7 @@ class GpuExecutor(NumpyExecutor):
 
     def write(self, addrs, places, rows) -> None:
         cp = self.cp
-        on_gpu, rank, local = _place_split(self.cache, places)
+        on_gpu, rank, local = self._split(places)
         for r in range(self.R):  # loop over ranks
             g, h = on_gpu & (rank == r), ~on_gpu & (rank == r)
             if g.any():
@@ -183,22 +183,29 @@ class GpuExecutor(NumpyExecutor):
                     cp.cuda.Device(r).synchronize()
             self.host[r].array[local[h]] = rows[h]
 
-    def run_step(self, plan, refs, pending) -> dict:
-        from hw.pipeline import DevicePbLru, compare_with_plan
-        from ulacache.backends.cupy_copy import gather_rows
+    def prepare(self, refs) -> None:
+        """Before `cache.access(refs)` (the committed state is public only while no plan is pending): mirror the
+        cache's state on GPU 0 and upload the batch."""
+        from ulacache.backends.cupy_pipeline import DevicePbLru
 
-        cp, R = self.cp, self.R
-        lists = transfer_lists(self.cache, plan, pending)
-        with cp.cuda.Device(0):
+        with self.cp.cuda.Device(0):
             if refs.size > self.max_refs:
                 self.dev = DevicePbLru(self.cache, max_refs=refs.size)
                 self.max_refs = refs.size
             self.dev.load(self.cache)
             self.dev.set_refs(refs)
+
+    def run_step(self, plan, refs, pending) -> dict:
+        from ulacache.backends.cupy_copy import gather_rows
+        from ulacache.backends.cupy_pipeline import compare_with_plan, spin
+
+        cp, R = self.cp, self.R
+        lists = transfer_lists(self.cache, plan, pending)
+        self._track(lists)
         staged = []
         for r, lst in enumerate(lists):  # untimed: upload the index lists and the new tokens' rows
             with cp.cuda.Device(r):
-                d = {"peers": {h: (cp.asarray(s), cp.asarray(t)) for h, (s, t) in lst["peers"].items()}}
+                d = {"peers": {h: (cp.asarray(s), cp.asarray(t)) for h, (s, t, _) in lst["peers"].items()}}
                 if lst["pend_rows"] is not None:
                     d["pend_h"] = cp.asarray(lst["pend_h"])
                     d["pend_rows"] = cp.asarray(lst["pend_rows"])
@@ -208,34 +215,32 @@ class GpuExecutor(NumpyExecutor):
         s0 = self.streams[0]
         ev = lambda s: s.record()
         with cp.cuda.Device(0), s0:
-            from hw.pipeline import _fn
-
-            _fn("spin_ns")((1,), (1,), (np.int64(self.SPIN_NS),))
+            spin(self.SPIN_NS)
             e0 = ev(s0)
             self.dev.launch_access(plan.now)
             e_acc = ev(s0)
-        exchanged, done, starts = [], [], []
-        for r in range(R):  # phase 1: each rank's exchange (PCIe) and new-token writes
+        exchanged, done, starts = {}, {}, {}
+        for r in self.order:  # phase 1: each rank's exchange (PCIe) and new-token writes
             s = self.streams[r]
             with cp.cuda.Device(r), s:
                 s.wait_event(e_acc)
-                starts.append(ev(s))
+                starts[r] = ev(s)
                 self.dev.launch_exchange(self.gpu[r], self.host[r], r, self.rb)
                 d = staged[r]
                 if "pend_h" in d:
                     gather_rows(self.host[r], d["pend_rows"], d["pend_h"], d["pend_i"], self.rb, stream=s)
-                exchanged.append(ev(s))
-        for r in range(R):  # phase 2: peer gathers read promoted entries from their home GPU: after all exchanges
+                exchanged[r] = ev(s)
+        for r in self.order:  # phase 2: peer gathers read promoted entries from their home GPU: after all exchanges
             s = self.streams[r]
             with cp.cuda.Device(r), s:
-                for q, e in enumerate(exchanged):
+                for q, e in exchanged.items():
                     if q != r and staged[r]["peers"]:
                         s.wait_event(e)
                 for h, (src, dst) in staged[r]["peers"].items():
                     gather_rows(self.buf[r], self.gpu[h], dst, src, self.rb, stream=s)
-                done.append(ev(s))
+                done[r] = ev(s)
         with cp.cuda.Device(0), s0:
-            for e in done:
+            for e in done.values():
                 s0.wait_event(e)
             e_x = ev(s0)
             self.dev.launch_commit(plan.now)
@@ -254,14 +259,14 @@ class GpuExecutor(NumpyExecutor):
                 "num_hits": res["num_hits"], "diffs": compare_with_plan(res, plan)}
 
     def check_state(self) -> list:
-        from hw.pipeline import compare_state
+        from ulacache.backends.cupy_pipeline import compare_state
 
         with self.cp.cuda.Device(0):
             return compare_state(self.dev.state(), self.cache)
 
     def _rows_at(self, places):
         cp = self.cp
-        on_gpu, rank, local = _place_split(self.cache, places)
+        on_gpu, rank, local = self._split(places)
         rows = np.empty((places.size, self.rb), np.uint8)
         for r in range(self.R):
             g, h = on_gpu & (rank == r), ~on_gpu & (rank == r)

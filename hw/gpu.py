@@ -30,12 +30,14 @@ def command_line() -> str:
 
 
 def source_digest() -> str:
-    """sha1 of the kernel sources and hw/*.py: identifies the code that produced a figure without git."""
+    """sha1 of the kernel sources, the device pipeline and hw/: identifies the code that produced a figure without git."""
     import hashlib
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    files = sorted((root / "ulacache" / "backends" / "kernels").glob("*.cu")) + sorted((root / "hw").glob("*.py"))
+    backends = root / "ulacache" / "backends"
+    files = (sorted((backends / "kernels").glob("*.cu")) + [backends / "cupy_pipeline.py", backends / "cupy_copy.py"]
+             + sorted((root / "hw").glob("*.py")) + sorted((root / "hw").glob("*.cu")))
     h = hashlib.sha1()
     for f in files:
         h.update(f.name.encode())

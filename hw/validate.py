@@ -139,11 +139,15 @@ def run(args) -> dict:
     cache.alloc_many(ids, hist_per_req.tolist(), [i % R for i in ids] if mode == "dp" else None)
     addrs = [cache.request_addresses(i) for i in ids]
     ex = make_executor(args.backend, cache, rb)
+    if getattr(args, "reverse_launch", False):  # diagnostic: enqueue the ranks' transfers last rank first
+        ex.order = ex.order[::-1]
     all_addrs = np.concatenate(addrs)
-    ex.write(all_addrs, cache.space.phys[all_addrs].astype(np.int64), payload_rows(all_addrs, rb))
+    ex.write(all_addrs, cache.places(all_addrs), payload_rows(all_addrs, rb))
+    allocated = [all_addrs]
     steps, pending = [], []
     for step in range(args.steps):
         refs = _positions_to_refs(addrs, sel.step())
+        ex.prepare(refs)
         plan = cache.access(refs)
         meas = ex.run_step(plan, refs, pending)
         pending = []
@@ -151,6 +155,8 @@ def run(args) -> dict:
         diffs = ex.check_state()
         pred = predict_s(costs, plan, rb, R, node)
         rec = {"step": step, **plan.counts(), "predicted_s": pred, "device_hits": meas.get("num_hits"),
+               "rows_per_rank": {k: [int(x) for x in getattr(plan, f"{k}_rows_per_rank")] for k in ("h2d", "d2h",
+                                                                                                     "peer")},
                "mismatches": meas.get("diffs", []) + diffs}
         if "measured_s" in meas:
             rec["measured_s"] = meas["measured_s"]
@@ -159,16 +165,16 @@ def run(args) -> dict:
         rec["warmup"] = step < args.warmup_steps
         steps.append(rec)
         new = cache.alloc_many(ids, [1] * n, [i % R for i in ids] if mode == "dp" else None)
-        places = cache.space.phys[new].astype(np.int64)
-        ex.write_new(new, places, payload_rows(new, rb), pending)
+        allocated.append(new)
+        ex.write_new(new, cache.places(new), payload_rows(new, rb), pending)
     ex.flush(pending)
-    checked = ex.verify(cache, payload_rows)
+    checked = ex.verify(cache, np.concatenate(allocated), payload_rows)
     timed = [s for s in steps if "rel_err" in s and not s["warmup"]]
     errs = np.array([abs(s["rel_err"]) for s in timed])
     out = {
         "date": utc_now(), "command": command_line(), "device": ex.facts(), "trace": args.trace, "ranks": R,
         "trace_meta": getattr(sel, "meta", {"generator": "hw.workload.Selector", "seed": 0}),
-        "mode": mode, "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
+        "mode": mode, "launch_order": list(getattr(ex, "order", [])), "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
         "gpu_slots_per_rank": args.gpu_slots, "local_buffer_slots_per_rank": int(local) if mode == "tp" else 0,
         "calibration": str(calib) if calib else None,
         "node_model": {k: node.values.get(k) for k in HOST_CAP_KEYS},

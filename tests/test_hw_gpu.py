@@ -64,8 +64,8 @@ def test_peer_or_local_gather_equals_numpy():
 @pytest.mark.parametrize("mode,ranks", [("dp", 1), ("tp", 2)])
 def test_device_pipeline_equals_facade(mode, ranks):
     from hw.accessbench import check_steps
-    from hw.pipeline import DevicePbLru
     from hw.workload import Selector, build_cache
+    from ulacache.backends.cupy_pipeline import DevicePbLru
 
     n, hist = 24, 6000
     gpu_slots = 12000 if mode == "dp" else 9000

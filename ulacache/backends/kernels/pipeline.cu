@@ -12,153 +12,6 @@
 __device__ __forceinline__ void bit_clear(unsigned int* bm, long long s) { atomicAnd(bm + (s >> 5), ~(1u << (s & 31))); }
 __device__ __forceinline__ void bit_set(unsigned int* bm, long long s) { atomicOr(bm + (s >> 5), 1u << (s & 31)); }
 
-// Hits: move each GPU-resident unique entry from its bucket to the current one, stamp it, count it.
-extern "C" __global__ void pipe_hits(const long long* __restrict__ uniq, const long long* __restrict__ n_uniq,
-                                     const long long* __restrict__ phys, long long G, long long* stamps, long long now,
-                                     int K, unsigned int* ring, unsigned int* cold, long long* hit_count) {
-  const long long n = *n_uniq, row_words = G >> 5;
-  unsigned int* cur = ring + (now % (K + 1)) * row_words;
-  long long mine = 0;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    long long p = phys[uniq[i]];
-    if (p >= 0 && p < G) {
-      long long st = stamps[p], age = now - st;
-      if (age > K) bit_clear(cold, p);
-      else if (age > 0) bit_clear(ring + (st % (K + 1)) * row_words, p);
-      if (age > 0) bit_set(cur, p);
-      stamps[p] = now;
-      ++mine;
-    }
-  }
-  long long t = block_sum(mine);
-  if (threadIdx.x == 0 && t) atomicAdd((unsigned long long*)hit_count, (unsigned long long)t);
-}
-
-__device__ __forceinline__ bool is_miss_of(long long p, long long G, long long cpu_base, long long cpu_slots, int r) {
-  return p >= G && (p - cpu_base) / cpu_slots == r;
-}
-
-// Misses of rank r: per-block counts over ITEMS consecutive unique entries per thread.
-extern "C" __global__ void pipe_miss_count(const long long* __restrict__ uniq, const long long* __restrict__ n_uniq,
-                                           const long long* __restrict__ phys, long long G, long long cpu_base,
-                                           long long cpu_slots, int r, long long* __restrict__ block_counts) {
-  const long long n = *n_uniq;
-  long long i0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * ITEMS;
-  int c = 0;
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k)
-    if (i0 + k < n && is_miss_of(phys[uniq[i0 + k]], G, cpu_base, cpu_slots, r)) ++c;
-  long long t = block_sum(c);
-  if (threadIdx.x == 0) block_counts[blockIdx.x] = t;
-}
-
-// Writes rank r's misses (ascending address) at mbase[r] + ..., and mbase[r + 1] = mbase[r] + count.
-extern "C" __global__ void pipe_miss_emit(const long long* __restrict__ uniq, const long long* __restrict__ n_uniq,
-                                          const long long* __restrict__ phys, long long G, long long cpu_base,
-                                          long long cpu_slots, int r, const long long* __restrict__ block_counts,
-                                          long long* mbase, long long* __restrict__ miss_addr,
-                                          long long* __restrict__ miss_src) {
-  const long long n = *n_uniq;
-  long long off = 0;
-  for (int b = threadIdx.x; b < (int)blockIdx.x; b += blockDim.x) off += block_counts[b];
-  off = block_sum(off) + mbase[r];
-  long long i0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * ITEMS;
-  long long a[ITEMS], p[ITEMS];
-  int c = 0;
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
-    a[k] = -1;
-    p[k] = -1;
-    if (i0 + k < n) {
-      a[k] = uniq[i0 + k];
-      p[k] = phys[a[k]];
-      if (is_miss_of(p[k], G, cpu_base, cpu_slots, r)) ++c;
-      else a[k] = -1;
-    }
-  }
-  long long total;
-  long long o = off + block_excl_scan(c, &total);
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k)
-    if (a[k] >= 0) {
-      miss_addr[o] = a[k];
-      miss_src[o] = p[k];
-      ++o;
-    }
-  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) mbase[r + 1] = off + total;
-}
-
-// rem[r] = misses of rank r still without a slot (mbase[r+1] - mbase[r]).
-extern "C" __global__ void pipe_init_rem(const long long* __restrict__ mbase, long long* __restrict__ rem, int R) {
-  int r = threadIdx.x;
-  if (r < R) rem[r] = mbase[r + 1] - mbase[r];
-}
-
-// Like select_count, but a segment with nothing left to find does no work.
-extern "C" __global__ void pipe_select_count(const unsigned long long* __restrict__ words,
-                                             const unsigned int* __restrict__ summary, long long words_per_seg,
-                                             const long long* __restrict__ rem, long long* __restrict__ chunk_counts) {
-  long long seg = blockIdx.y;
-  if (rem[seg] <= 0) {
-    if (threadIdx.x == 0) chunk_counts[seg * gridDim.x + blockIdx.x] = 0;
-    return;
-  }
-  long long wbase = seg * words_per_seg, wend = wbase + words_per_seg;
-  long long w0 = wbase + ((long long)blockIdx.x * blockDim.x + threadIdx.x) * WPT;
-  unsigned long long mine[WPT];
-  int c = chunk_popc(words, summary, w0, wend, mine);
-  long long t = block_sum(c);
-  if (threadIdx.x == 0) chunk_counts[seg * gridDim.x + blockIdx.x] = t;
-}
-
-// Claims the lowest rem_in[r] set slots of segment r: dests[mbase[r] + taken_r + i] = slot, clears their bits (each
-// thread owns its words, so plain stores suffice); rem_out[r] = what is still missing (a separate array: blocks of
-// the same segment read rem_in in any order).
-extern "C" __global__ void pipe_select_emit(unsigned long long* words, const unsigned int* __restrict__ summary,
-                                            long long words_per_seg, const long long* __restrict__ chunk_counts,
-                                            const long long* __restrict__ mbase, const long long* __restrict__ rem_in,
-                                            long long* __restrict__ rem_out, long long* __restrict__ dests) {
-  __shared__ long long s_chunk_off, s_want, s_seg_total;
-  const int nch = gridDim.x;
-  long long seg = blockIdx.y;
-  if (threadIdx.x == 0) {
-    long long chunk_off = 0, tot = 0;
-    for (int c = 0; c < nch; ++c) {
-      long long v = chunk_counts[seg * nch + c];
-      if (c < (int)blockIdx.x) chunk_off += v;
-      tot += v;
-    }
-    s_chunk_off = chunk_off;
-    s_want = rem_in[seg];
-    s_seg_total = tot;
-  }
-  __syncthreads();
-  long long want = s_want;
-  if (blockIdx.x == 0 && threadIdx.x == 0) rem_out[seg] = want - (want < s_seg_total ? want : s_seg_total);
-  if (want <= 0 || s_chunk_off >= want) return;
-  long long taken = (mbase[seg + 1] - mbase[seg]) - want;  // slots this rank got from earlier sources
-  long long wbase = seg * words_per_seg, wend = wbase + words_per_seg;
-  long long w0 = wbase + ((long long)blockIdx.x * blockDim.x + threadIdx.x) * WPT;
-  unsigned long long mine[WPT];
-  int c = chunk_popc(words, summary, w0, wend, mine);
-  long long total;
-  long long before = s_chunk_off + block_excl_scan(c, &total);
-  if (before >= want) return;
-  long long o = mbase[seg] + taken + before;
-#pragma unroll
-  for (int k = 0; k < WPT; ++k) {
-    unsigned long long v = mine[k], claimed = 0;
-    while (v && before < want) {
-      int b = __ffsll((long long)v) - 1;
-      dests[o++] = (w0 + k) * 64 + b;
-      claimed |= 1ull << b;
-      ++before;
-      v &= v - 1;
-    }
-    if (claimed) words[w0 + k] &= ~claimed;
-  }
-}
-
 // Victims of the chosen slots, and the exchange count.
 extern "C" __global__ void pipe_victims(const long long* __restrict__ dests, const long long* __restrict__ mbase, int R,
                                         const long long* __restrict__ owner, long long* __restrict__ victims,
@@ -244,7 +97,7 @@ extern "C" __global__ void pipe_classify(const long long* __restrict__ uniq, con
 }
 
 // Misses grouped by rank (ascending address inside a rank) from the kept places; mbase[r] = start of rank r.
-extern "C" __global__ void pipe_miss_emit2(const long long* __restrict__ uniq, const long long* __restrict__ n_uniq,
+extern "C" __global__ void pipe_miss_emit(const long long* __restrict__ uniq, const long long* __restrict__ n_uniq,
                                            const long long* __restrict__ places, long long G, long long cpu_base,
                                            long long cpu_slots, int R, const long long* __restrict__ block_counts,
                                            long long* mbase, long long* __restrict__ miss_addr,
@@ -296,7 +149,7 @@ extern "C" __global__ void spin_ns(long long ns) {
   } while ((long long)(t - t0) < ns);
 }
 
-// ---- v3: replacement over all sources in three launches (count, plan, emit) instead of three per source ---------
+// ---- replacement over all sources in three launches (count, plan, emit); hw/NOTES.md has the earlier versions ----
 // Bitmaps live as rows of one array `bms`: row 0 free, row 1 cold, row 2 + i ring row i. Source s of batch `now`:
 // 0 free, 1 cold, then recent ages K .. 1 (ring row (now - age) mod (K + 1)). chunk = blockDim.x words (WPT = 1).
 __device__ __forceinline__ long long src_row(int s, long long now, int K) {
