@@ -56,7 +56,7 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
     dev.set_refs(refs)
     snap = dev.snapshot()
     out = {"num_refs": int(refs.size), "num_unique": plan.num_unique, "num_hits": plan.num_hits,
-           "num_misses": plan.num_misses, "gpu_slots": gpu_slots, "logical_addresses": int(cache.space.size),
+           "num_misses": plan.num_misses, "gpu_slots": gpu_slots, "logical_addresses": int(dev.marker.size) - 1,
            "check": check}
 
     def run_access():
