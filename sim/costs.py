@@ -302,6 +302,28 @@ class CostModel:
             out += tokens_per_gpu * num_gpus * m.hidden_size * 2.0 * 2.0 * (num_gpus - 1) / num_gpus
         return out
 
+    def prefill_chunk_s(self, num_tokens: float, context_tokens: float, num_gpus: int, tp_attention: bool) -> float:
+        """One chunk of chunked prefill (co-located with decode, issue 11 item 6): `num_tokens` new prompt tokens of
+        one request after `context_tokens` already in its KV, through every layer on the GPU(s) running it. Per
+        indexer layer: score every key so far for each new token (causal: token i sees context + i keys), top-k;
+        per layer: sparse MLA over min(keys, top_k) rows per token (TP: the rank's heads), projections + MoE (EP over
+        all GPUs) and the layer collectives (DP: the chunk's rank dispatches every token; TP: 1/N each). Writing the
+        chunk's KV to the host, where a system does, is `d2h_link_bytes(num_tokens x num_layers, row)` on PCIe."""
+        if num_tokens <= 0:
+            return 0.0
+        m = self.model
+        keys = context_tokens + num_tokens
+        pairs = num_tokens * (context_tokens + (num_tokens + 1) / 2.0)
+        heads = m.num_heads / num_gpus if tp_attention else m.num_heads
+        sel = min(keys, m.top_k)
+        per_pair = 2.0 * (m.kv_lora_rank + m.rope_dim + m.kv_lora_rank)
+        attn = (self.kernel_overhead_s(self.values["attn_kernels_per_layer"])
+                + self.roofline_s(num_tokens * sel * heads * per_pair, num_tokens * sel * m.kv_bytes_per_token_layer,
+                                  fp8=False))
+        ffn = self.ffn_s(num_tokens, num_gpus, attn_replicated=not tp_attention)
+        coll = self.layer_collectives_s(num_tokens / num_gpus if tp_attention else num_tokens, num_gpus, tp_attention)
+        return m.num_layers * (attn + ffn + coll) + m.num_index_groups * self.indexer_s(keys, pairs)
+
     def step_overhead_s(self, speculative: bool = False) -> float:
         """Per decode step: scheduler/sampling (`step_overhead_s`) + the step's CUDA-graph launches."""
         graphs = self.graphs_per_step(speculative) if self.values["cuda_graphs"] else 0

@@ -225,3 +225,21 @@ def test_node_host_caps_are_optional_and_derived_like_pcie():
     assert "hisparse_swapin_efficiency_by_batch" in notes
     capped = CostModel.load("h200", "glm-5", overrides={"pcie_host_h2d_cap_bytes_s": 80e9})
     assert capped["pcie_host_h2d_cap_bytes_s"] == 80e9
+
+
+# ---- item 6 (cost part): a chunk of chunked prefill
+def test_prefill_chunk_cost():
+    cm = CostModel.load("h200", "glm-5.2")
+    m = cm.model
+    assert cm.prefill_chunk_s(0, 1000, 8, True) == 0.0
+    first = cm.prefill_chunk_s(8192, 0, 8, False)
+    late = cm.prefill_chunk_s(8192, 120_000, 8, False)
+    assert late > first  # the indexer scores every earlier key: later chunks cost more
+    extra_pairs = 8192 * 120_000
+    idx_flops = 2.0 * extra_pairs * m.index_heads * m.index_head_dim * m.num_index_groups
+    assert late - first == pytest.approx(idx_flops / (cm.hardware.fp8_flops * cm["flops_efficiency"]), rel=0.05)
+    # TP splits attention heads over the ranks: a chunk is cheaper per GPU than under DP (all heads on one rank)
+    assert cm.prefill_chunk_s(8192, 60_000, 8, True) < cm.prefill_chunk_s(8192, 60_000, 8, False)
+    # a 64K-token prompt in 8K chunks takes tenths of a second to seconds on 8 H200 (not microseconds, not minutes)
+    total = sum(cm.prefill_chunk_s(8192, c, 8, False) for c in range(0, 65536, 8192))
+    assert 0.1 < total < 10.0
