@@ -1,0 +1,392 @@
+"""The bad-input contract (issue 12 Deliver 2), as a corpus: every hostile input below is refused by the real front
+door with exit status 2 and exactly one `ulacache: error:` line on stderr (no traceback), and the workspace on disk
+is byte-identical afterwards (nothing written, nothing half-written, no temporaries). Library calls raise
+ValueError / CapacityError and leave the cache as it was. Each command is refused before any heavy work, so the
+whole file runs in seconds (in-process `main(argv)` is the same code path as the `ulacache` script).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from ulacache_cli.main import main
+
+TINY = {"system": "sglang", "attention": "dp", "hardware": {"num_gpus": 2}, "model": {"weight_bytes": 100e9},
+        "workload": {"profile": "small", "num_requests": 2, "max_steps": 3}}
+BOMB = "\n".join(["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+    f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]" for p, c in zip("abcdefgh", "bcdefghi")])
+
+
+def _cfg(**changes) -> str:
+    tree = json.loads(json.dumps(TINY))
+    for dotted, value in changes.items():
+        node, parts = tree, dotted.split("__")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return yaml.safe_dump(tree)
+
+
+# name -> file content (str or bytes) created in the workspace
+FILES = {
+    "good.yaml": _cfg(),
+    "empty.yaml": "",
+    "notyaml.yaml": "system: [unclosed\n  - : :\n",
+    "list.yaml": "- system\n- sglang\n",
+    "dupkey.yaml": "system: sglang\nattention: dp\nsystem: ulacache\n",
+    "dupnested.yaml": "workload:\n  num_requests: 2\n  seed: 1\n  seed: 2\n",
+    "bomb.yaml": "costs:\n" + "".join(f"  {line}\n" for line in BOMB.splitlines()),
+    "recursive.yaml": "costs: &r\n  self: *r\n",
+    "deep.yaml": "costs: " + "[" * 20000 + "]" * 20000 + "\n",
+    "badutf8.yaml": b"system: sgl\xffang\n",
+    "unknown.yaml": _cfg(colour="blue"),
+    "unknown_nested.yaml": _cfg(workload__bogus=1),
+    "wrongtype.yaml": _cfg(workload__num_requests="many"),
+    "nan_budget.yaml": _cfg().replace("system: sglang", "system: sglang\nmemory: {gpu_kv_bytes_per_gpu: .nan}"),
+    "inf_budget.yaml": _cfg().replace("system: sglang", "system: sglang\nmemory: {cpu_kv_bytes_per_gpu: .inf}"),
+    "neg_budget.yaml": _cfg(memory__gpu_kv_bytes_per_gpu=-1.0),
+    "inf_hbm.yaml": _cfg().replace("num_gpus: 2", "num_gpus: 2\n  hbm_bytes: .inf"),
+    "tp3.yaml": _cfg(attention="tp", hardware__num_gpus=3),
+    "draft100.yaml": _cfg(spec__draft_tokens=100),
+    "seed_huge.yaml": _cfg(workload__seed=2**70),
+    "listcfg_profile.yaml": "input_tokens: {median_tokens: 100, sigma: 0.1}\ninput_tokens: {median_tokens: 5, "
+                            "sigma: 0.1}\noutput_tokens: {median_tokens: 5, sigma: 0.1}\n",
+    # request lists
+    "huge_tokens.csv": "input_tokens,output_tokens\n1e20,10\n",
+    "neg_tokens.csv": "input_tokens,output_tokens\n-5,10\n",
+    "missing_col.csv": "input_tokens\n100\n",
+    "empty.csv": "",
+    "ragged.csv": "input_tokens,output_tokens\n100,10,7\n",
+    "badutf8.csv": b"input_tokens,output_tokens\n1\xff0,10\n",
+    "tokens_2e40.jsonl": json.dumps({"input_tokens": 2**40, "output_tokens": 3}) + "\n",
+    "notjson.jsonl": "{\"input_tokens\": 5,\n",
+    "dup_ids.csv": "request_id,input_tokens,output_tokens\n1,100,10\n1,100,10\n",
+    # captures
+    "cap_badjson.jsonl": json.dumps({"request": 1, "step": 0, "group": 0, "positions": [1, 2]}) + "\n{nope\n",
+    "cap_empty.jsonl": "\n",
+    "cap_negative.jsonl": json.dumps({"request": 1, "step": 0, "group": 0, "positions": [-5, 2],
+                                      "history_len": 10}) + "\n",
+    "cap_beyond.jsonl": json.dumps({"request": 1, "step": 0, "group": 0, "positions": [50],
+                                    "history_len": 10}) + "\n",
+    "cap_good.jsonl": "\n".join(json.dumps({"request": 1, "step": s, "group": 0, "positions": [1, 2, 3],
+                                            "history_len": 10}) for s in range(2)) + "\n",
+    "cap_corrupt.npz": b"PK\x03\x04 not really a zip",
+    "afile": "I am a file, not a directory\n",
+}
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (None if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    for name, content in FILES.items():
+        path = root / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    # a previous replay run, a plan, a report, a sweep and a non-result dir that a bad command must not touch
+    (root / "run").mkdir()
+    (root / "run" / "metrics.json").write_text('{"system": "sglang"}\n')
+    (root / "run" / "config.yaml").write_text("system: sglang\n")
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("not a result\n")
+    (root / "plan").mkdir()
+    (root / "plan" / "plan.json").write_text('{"systems": {}}\n')
+    (root / "sweep").mkdir()
+    (root / "sweep" / "results.csv").write_text("point_id,status\n")
+    (root / "events.json").write_text("{}\n")
+    (root / "emptydir").mkdir()
+    # a good trace and broken copies of it
+    assert main(["trace", "gen", "--profile", "small", "--num-requests", "3", "--num-groups", "2",
+                 "--out", str(root / "trace")]) == 0
+    import shutil
+
+    for name in ("trace_bigtok", "trace_dupmeta", "trace_schema"):
+        shutil.copytree(root / "trace", root / name)
+    table = pq.read_table(root / "trace" / "requests.parquet")
+    cols = {n: table.column(n).to_numpy() for n in table.column_names}
+    cols["input_tokens"] = np.full_like(cols["input_tokens"], 2**40)
+    pq.write_table(pa.table(cols).replace_schema_metadata(table.schema.metadata),
+                   root / "trace_bigtok" / "requests.parquet")
+    meta = (root / "trace" / "trace.yaml").read_text()
+    (root / "trace_dupmeta" / "trace.yaml").write_text(meta + "profile: twice\n")
+    (root / "trace_schema" / "trace.yaml").write_text(meta.replace("schema_version: 1", "schema_version: 99"))
+    return root
+
+
+R = ["replay", "{ws}/good.yaml", "--out", "{ws}/o", "--quiet"]  # a replay that would run
+
+
+def replay(*extra, cfg="good.yaml"):
+    return ["replay", f"{{ws}}/{cfg}", "--out", "{ws}/o", "--quiet", *extra]
+
+
+def gen(*extra):
+    return ["trace", "gen", "--profile", "small", "--out", "{ws}/t", *extra]
+
+
+def sweep(*extra, cfg="good.yaml"):
+    return ["sweep", f"{{ws}}/{cfg}", "--out", "{ws}/s", "--workers", "1", "--no-progress", *extra]
+
+
+PLAN = ["plan", "--model", "glm-5.2", "--hardware", "h200", "--slo-tpot-ms", "50", "--config", "{ws}/good.yaml"]
+
+CASES = [
+    # ---- replay configs
+    ("config-missing", replay(cfg="nope.yaml"), "config file not found"),
+    ("config-not-yaml", replay(cfg="notyaml.yaml"), "not valid YAML"),
+    ("config-a-list", replay(cfg="list.yaml"), "must be a YAML mapping"),
+    ("config-duplicate-key", replay(cfg="dupkey.yaml"), "duplicate key 'system' at line 3"),
+    ("config-duplicate-nested-key", replay(cfg="dupnested.yaml"), "duplicate key 'seed'"),
+    ("config-alias-bomb", replay(cfg="bomb.yaml"), "alias bomb"),
+    ("config-recursive-alias", replay(cfg="recursive.yaml"), "recursive YAML alias"),
+    ("config-nested-too-deep", replay(cfg="deep.yaml"), "nested too deeply"),
+    ("config-bad-utf8", replay(cfg="badutf8.yaml"), "badutf8.yaml: not UTF-8 text (byte 0xff at offset 11)"),
+    ("config-unknown-key", replay(cfg="unknown.yaml"), "unknown config key 'colour'"),
+    ("config-unknown-nested-key", replay(cfg="unknown_nested.yaml"), "unknown config key 'workload.bogus'"),
+    ("config-wrong-type", replay(cfg="wrongtype.yaml"), "workload.num_requests must be an integer"),
+    ("config-nan-budget", replay(cfg="nan_budget.yaml"), "memory.gpu_kv_bytes_per_gpu must be a finite number"),
+    ("config-inf-budget", replay(cfg="inf_budget.yaml"), "memory.cpu_kv_bytes_per_gpu must be a finite number"),
+    ("config-negative-budget", replay(cfg="neg_budget.yaml"), "memory.gpu_kv_bytes_per_gpu must be >= 0"),
+    ("config-inf-hbm", replay(cfg="inf_hbm.yaml"), "hardware.hbm_bytes must be a finite number"),
+    ("config-tp-3-gpus", replay(cfg="tp3.yaml"), "must divide glm-5.2's 64 attention heads"),
+    ("config-draft-100", replay(cfg="draft100.yaml"), "spec.draft_tokens must be in [0, 16]"),
+    ("config-seed-2^70", replay(cfg="seed_huge.yaml"), "workload.seed"),
+    # ---- --set overrides
+    ("set-no-equals", replay("--set", "system"), "expected dotted.key=value"),
+    ("set-empty-part", replay("--set", "workload..seed=1"), "expected dotted.key=value"),
+    ("set-nan-budget", replay("--set", "memory.gpu_kv_bytes_per_gpu=.nan"), "must be a finite number, got nan"),
+    ("set-inf-hbm", replay("--set", "hardware.hbm_bytes=.inf"), "hardware.hbm_bytes must be a finite number"),
+    ("set-num-requests-1e9", replay("--set", "workload.num_requests=1000000000"), "must be <= 1,000,000"),
+    ("set-num-requests-0", replay("--set", "workload.num_requests=0"), "workload.num_requests must be >= 1"),
+    ("set-num-requests-nan", replay("--set", "workload.num_requests=.nan"), "must be an integer, got nan"),
+    ("set-max-concurrency-0", replay("--set", "workload.max_concurrency=0"), "max_concurrency must be >= 1"),
+    ("set-seed-negative", replay("--set", "workload.seed=-1"), "workload.seed must be in [0, 2^32 - 1]"),
+    ("set-seed-2^40", replay("--set", "workload.seed=1099511627776"), "workload.seed must be in [0, 2^32 - 1]"),
+    ("set-draft-negative", replay("--set", "spec.draft_tokens=-1"), "spec.draft_tokens must be >= 0"),
+    ("set-draft-17", replay("--set", "spec.draft_tokens=17"), "spec.draft_tokens must be in [0, 16]"),
+    ("set-tp-6-gpus-deepseek", replay("--set", "attention=tp", "--set", "hardware.num_gpus=6", "--set",
+                                      "model.preset=deepseek-v3.2"), "128 attention heads"),
+    ("set-num-gpus-0", replay("--set", "hardware.num_gpus=0"), "hardware.num_gpus must be positive"),
+    ("set-num-gpus-1000", replay("--set", "hardware.num_gpus=1000"), "hardware.num_gpus must be in [1, 72]"),
+    ("set-unknown-system", replay("--set", "system=vllm"), "system must be one of"),
+    ("set-unknown-model", replay("--set", "model.preset=gpt-9"), "unknown model.preset"),
+    ("set-request-fraction-0", replay("--set", "fidelity.request_fraction=0"), "request_fraction must be in (0, 1]"),
+    ("set-policy-groups-99", replay("--set", "fidelity.policy_groups=99"), "fidelity.policy_groups must be in"),
+    ("set-accept-probs-length", replay("--set", "spec.draft_tokens=4", "--set", "spec.accept_probs=[0.5,0.5]"),
+     "spec.accept_probs must be 4 probabilities"),
+    ("set-buffer-below-topk", replay("--set", "hisparse.device_buffer_slots=100"), "device_buffer_slots must be >="),
+    ("set-host-fraction-1.5", replay("--set", "memory.host_kv_fraction=1.5"), "host_kv_fraction must be in (0, 1]"),
+    ("set-overflowing-int", replay("--set", "workload.max_steps=" + "9" * 30), "within +-(2^63 - 1)"),
+    ("set-alias-bomb", replay("--set", "costs={" + BOMB.replace("\n", ", ") + "}"), "alias bomb"),
+    ("set-duplicate-key", replay("--set", "costs={a: 1, a: 2}"), "duplicate key 'a'"),
+    ("set-max-memory-negative", replay("--max-memory-gb", "-1"), "--max-memory-gb must be a finite number > 0"),
+    ("set-max-memory-nan", replay("--max-memory-gb", "nan"), "--max-memory-gb must be a finite number > 0"),
+    ("usage-bad-int", gen("--num-requests", "many"), "invalid int value: 'many'"),
+    ("usage-missing-out", ["replay", "{ws}/good.yaml"], "the following arguments are required: --out"),
+    ("usage-unknown-command", ["frobnicate"], "invalid choice: 'frobnicate'"),
+    # ---- output paths
+    ("out-is-a-file", ["replay", "{ws}/good.yaml", "--out", "{ws}/afile", "--quiet"], "exists and is not a directory"),
+    ("out-under-a-file", ["replay", "{ws}/good.yaml", "--out", "{ws}/afile/o", "--quiet"], "is not a directory"),
+    ("out-existing-run", ["replay", "{ws}/good.yaml", "--out", "{ws}/run", "--quiet"], "pass --force to replace it"),
+    ("out-force-on-foreign-dir", ["replay", "{ws}/good.yaml", "--out", "{ws}/mine", "--quiet", "--force"],
+     "not a replay run directory"),
+    ("out-trace-events-exists", replay("--trace-events", "{ws}/events.json"), "events.json: exists; pass --force"),
+    ("out-trace-events-is-dir", replay("--trace-events", "{ws}/mine", "--force"), "is a directory"),
+    # ---- traces given to replay / inspect
+    ("trace-missing", replay("--trace", "{ws}/nowhere"), "no such trace directory"),
+    ("trace-2^40-tokens", replay("--trace", "{ws}/trace_bigtok"), "input_tokens = 1,099,511,627,776 > 1,048,576"),
+    ("trace-duplicate-meta-key", replay("--trace", "{ws}/trace_dupmeta"), "duplicate key 'profile'"),
+    ("trace-unknown-schema", ["trace", "inspect", "{ws}/trace_schema"], "unknown schema_version 99"),
+    ("trace-inspect-not-a-trace", ["trace", "inspect", "{ws}/mine"], "missing (not a trace directory)"),
+    ("trace-inspect-bigtok", ["trace", "inspect", "{ws}/trace_bigtok"], "> 1,048,576"),
+    ("trace-inspect-zero-samples", ["trace", "inspect", "{ws}/trace", "--sample-steps", "0"],
+     "--sample-steps must be >= 1"),
+    # ---- trace gen
+    ("gen-zero-requests", gen("--num-requests", "0"), "--num-requests must be in [1, 1,000,000]"),
+    ("gen-1e9-requests", gen("--num-requests", "1000000000"), "--num-requests must be in [1, 1,000,000]"),
+    ("gen-no-requests", gen(), "--num-requests is required"),
+    ("gen-seed-2^70", gen("--num-requests", "2", "--seed", str(2**70)), "seed must be an integer in [0, 2^32 - 1]"),
+    ("gen-seed-negative", gen("--num-requests", "2", "--seed", "-3"), "seed must be an integer in [0, 2^32 - 1]"),
+    ("gen-unknown-profile", gen("--num-requests", "2", "--profile", "nope"), "unknown profile 'nope'"),
+    ("gen-profile-duplicate-key", gen("--num-requests", "2", "--profile", "{ws}/listcfg_profile.yaml"),
+     "duplicate key 'input_tokens'"),
+    ("gen-zero-groups", gen("--num-requests", "2", "--num-groups", "0"), "num_groups must be an integer in [1, 255]"),
+    ("gen-bad-rate", gen("--num-requests", "2", "--arrival", "poisson", "--rate", "-1"), "rate_per_s"),
+    ("gen-out-existing-trace", ["trace", "gen", "--num-requests", "2", "--out", "{ws}/trace"],
+     "pass --force to replace it"),
+    ("gen-force-on-foreign-dir", ["trace", "gen", "--num-requests", "2", "--out", "{ws}/mine", "--force"],
+     "not a trace directory"),
+    ("gen-out-is-a-file", ["trace", "gen", "--num-requests", "2", "--out", "{ws}/afile"], "not a directory"),
+    # ---- request lists (CSV / JSONL)
+    ("csv-1e20-tokens", gen("--from-csv", "{ws}/huge_tokens.csv"), "huge_tokens.csv: line 2: input_tokens"),
+    ("csv-negative-tokens", gen("--from-csv", "{ws}/neg_tokens.csv"), "neg_tokens.csv: line 2: input_tokens"),
+    ("csv-missing-column", gen("--from-csv", "{ws}/missing_col.csv"), "missing 'output_tokens'"),
+    ("csv-empty", gen("--from-csv", "{ws}/empty.csv"), "empty file"),
+    ("csv-ragged", gen("--from-csv", "{ws}/ragged.csv"), "line 2: 3 fields, header has 2"),
+    ("csv-bad-utf8", gen("--from-csv", "{ws}/badutf8.csv"), "badutf8.csv: line 2: input_tokens"),
+    ("csv-duplicate-ids", gen("--from-csv", "{ws}/dup_ids.csv"), "duplicate request_id"),
+    ("csv-missing-file", gen("--from-csv", "{ws}/nope.csv"), "nope.csv: no such file"),
+    ("jsonl-2^40-tokens", gen("--from-csv", "{ws}/tokens_2e40.jsonl"), "<= 1,048,576"),
+    ("jsonl-not-json", gen("--from-csv", "{ws}/notjson.jsonl"), "line 1: not valid JSON"),
+    # ---- captures (trace convert)
+    ("capture-bad-json", ["trace", "convert", "{ws}/cap_badjson.jsonl", "--out", "{ws}/c"], "line 2: not valid JSON"),
+    ("capture-bad-json-force-over-trace", ["trace", "convert", "{ws}/cap_badjson.jsonl", "--out", "{ws}/trace",
+                                           "--force"], "not valid JSON"),
+    ("capture-missing", ["trace", "convert", "{ws}/nope.jsonl", "--out", "{ws}/c"], "no such file"),
+    ("capture-empty", ["trace", "convert", "{ws}/cap_empty.jsonl", "--out", "{ws}/c"], "no records"),
+    ("capture-negative-position", ["trace", "convert", "{ws}/cap_negative.jsonl", "--out", "{ws}/c"], "cap_negative"),
+    ("capture-position-beyond-history", ["trace", "convert", "{ws}/cap_beyond.jsonl", "--out", "{ws}/c"],
+     "cap_beyond"),
+    ("capture-corrupt-npz", ["trace", "convert", "{ws}/cap_corrupt.npz", "--out", "{ws}/c"], "cap_corrupt.npz"),
+    ("capture-top-k-too-small", ["trace", "convert", "{ws}/cap_good.jsonl", "--out", "{ws}/c", "--top-k", "2"],
+     "exceed --top-k 2"),
+    ("capture-out-existing", ["trace", "convert", "{ws}/cap_good.jsonl", "--out", "{ws}/trace"], "pass --force"),
+    # ---- sweeps
+    ("sweep-no-grid", sweep(), "no --grid given"),
+    ("sweep-grid-no-equals", sweep("--grid", "system"), "bad --grid 'system'"),
+    ("sweep-grid-repeated-key", sweep("--grid", "system=sglang", "--grid", "system=hisparse"), "given twice"),
+    ("sweep-grid-empty-value", sweep("--grid", "system=sglang,,hisparse"), "empty value in the list"),
+    ("sweep-grid-repeated-value", sweep("--grid", "system=sglang,sglang"), "repeated value"),
+    ("sweep-grid-bad-value", sweep("--grid", "system=sglang,vllm"), "grid point system=vllm"),
+    ("sweep-grid-unknown-key", sweep("--grid", "colour=red,blue"), "unknown config key 'colour'"),
+    ("sweep-grid-draft-100", sweep("--grid", "spec.draft_tokens=4,100"), "spec.draft_tokens must be in [0, 16]"),
+    ("sweep-alias-bomb", sweep("--grid", "system=sglang,hisparse", cfg="bomb.yaml"), "alias bomb"),
+    ("sweep-duplicate-key", sweep("--grid", "system=sglang", cfg="dupkey.yaml"), "duplicate key 'system'"),
+    ("sweep-out-not-empty", ["sweep", "{ws}/good.yaml", "--grid", "system=sglang", "--out", "{ws}/mine",
+                             "--workers", "1"], "pass --resume"),
+    ("sweep-resume-nothing", ["sweep", "{ws}/good.yaml", "--grid", "system=sglang", "--out", "{ws}/emptydir",
+                              "--resume", "--workers", "1"], "no sweep to resume"),
+    ("sweep-workers-0", sweep("--grid", "system=sglang", "--workers", "0"), "--workers must be >= 1"),
+    ("sweep-config-missing", sweep("--grid", "system=sglang", cfg="nope.yaml"), "config file not found"),
+    # ---- plans
+    ("plan-negative-slo", PLAN[:6] + ["-1", "--out", "{ws}/p"], "--slo-tpot-ms must be > 0"),
+    ("plan-zero-gpu-kv", PLAN + ["--gpu-kv-gb", "0", "--out", "{ws}/p"], "--gpu-kv-gb must be > 0"),
+    ("plan-empty-systems", PLAN + ["--systems", ",", "--out", "{ws}/p"], "--systems is empty"),
+    ("plan-unknown-system", PLAN + ["--systems", "vllm", "--out", "{ws}/p"], "system must be one of"),
+    ("plan-unknown-model", ["plan", "--model", "gpt-9", "--hardware", "h200", "--slo-tpot-ms", "50", "--config",
+                            "{ws}/good.yaml", "--out", "{ws}/p"], "unknown model.preset"),
+    ("plan-rel-tol-2", PLAN + ["--rel-tol", "2", "--out", "{ws}/p"], "--rel-tol must be in [0, 1)"),
+    ("plan-zero-gpus", PLAN + ["--num-gpus", "0", "--out", "{ws}/p"], "--num-gpus must be > 0"),
+    ("plan-tp-3-gpus", PLAN + ["--num-gpus", "3", "--attention", "tp", "--out", "{ws}/p"], "attention heads"),
+    ("plan-out-existing", PLAN + ["--out", "{ws}/plan"], "pass --force to replace it"),
+    ("plan-config-duplicate-key", PLAN[:-1] + ["{ws}/dupkey.yaml", "--out", "{ws}/p"], "duplicate key"),
+    # ---- reports
+    ("report-missing-dir", ["report", "{ws}/nowhere"], "result dir not found"),
+    ("report-empty-dir", ["report", "{ws}/emptydir", "--out", "{ws}/r"], "no result files found"),
+    ("report-out-is-a-file", ["report", "{ws}/sweep", "--out", "{ws}/afile"], "exists and is not a directory"),
+    ("report-out-foreign-dir", ["report", "{ws}/sweep", "--out", "{ws}/mine", "--force"], "not a report directory"),
+]
+
+
+@pytest.mark.parametrize("argv, needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_cli_input_is_one_line_exit_2_and_changes_nothing(ws, capsys, argv, needle):
+    before = snapshot(ws)
+    try:
+        code = main([a.replace("{ws}", str(ws)) for a in argv])
+    except SystemExit as exc:  # argparse usage errors exit from inside parse_args
+        code = exc.code
+    out, err = capsys.readouterr()
+    err = err.strip()
+    assert code == 2, (code, err)
+    assert err.startswith("ulacache: error:") and "\n" not in err and "Traceback" not in err, err
+    assert needle in err, err
+    assert snapshot(ws) == before  # nothing written, nothing half-written, no temporaries
+
+
+def test_corpus_is_large_and_names_are_unique():
+    assert len(CASES) + len(LIBRARY_CASES) >= 60
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_empty_config_under_a_memory_cap_is_refused_in_one_line(ws, capsys):
+    """Issue 12 item 3: a config of all defaults is refused up front when it would not fit (H2's estimator)."""
+    before = snapshot(ws)
+    code = main(["replay", str(ws / "empty.yaml"), "--out", str(ws / "o"), "--quiet", "--max-memory-gb", "0.05"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("ulacache: error:") and "\n" not in err and "GB" in err, err
+    assert snapshot(ws) == before
+
+
+def test_memory_error_anywhere_is_one_line_naming_the_knobs(ws, capsys, monkeypatch):
+    """The last line of defence: a MemoryError inside a replay becomes one line naming the knobs, exit 2."""
+    import sim
+
+    def oom(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(sim, "replay", oom)
+    before = snapshot(ws)
+    code = main(["replay", str(ws / "good.yaml"), "--out", str(ws / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "out of memory" in err and "workload.num_requests" in err, err
+    assert "fidelity.request_fraction" in err
+    assert snapshot(ws) == before
+
+
+# ---------------------------------------------------------------------------------------------- library calls
+def _cache(**kw):
+    from ulacache import CacheConfig, UlaCache
+
+    cfg = dict(mode="dp", num_ranks=1, gpu_slots=64, cpu_slots=256, policy="pb-lru", payload_bytes=0)
+    cfg.update(kw)
+    cache = UlaCache(CacheConfig(**cfg))
+    cache.alloc(request_id=1, num_tokens=100, rank=0)
+    return cache
+
+
+def _state(cache):
+    addrs = np.arange(0, 100, dtype=np.int64)
+    return json.dumps(cache.stats(), sort_keys=True, default=str), [a.tobytes() for a in cache.locate(addrs)]
+
+
+def _config(**kw):
+    from ulacache import CacheConfig
+
+    return lambda: CacheConfig(**{"mode": "dp", "num_ranks": 1, "gpu_slots": 64, **kw})
+
+
+LIBRARY_CASES = [
+    ("config-mode", None, _config(mode="xx")),
+    ("config-negative-gpu-slots", None, _config(gpu_slots=-1)),
+    ("config-float-slots", None, _config(gpu_slots=64.5)),
+    ("config-unknown-policy", None, _config(policy="fifo")),
+    ("config-unknown-backend", None, _config(backend="tpu")),
+    ("config-zero-ranks", None, _config(num_ranks=0)),
+    ("config-hisparse-no-cpu", None, _config(policy="hisparse", cpu_slots=0)),
+    ("alloc-negative-tokens", "cache", lambda c: c.alloc(request_id=2, num_tokens=-1, rank=0)),
+    ("alloc-bad-rank", "cache", lambda c: c.alloc(request_id=2, num_tokens=1, rank=5)),
+    ("alloc-beyond-capacity", "cache", lambda c: c.alloc(request_id=2, num_tokens=10_000, rank=0)),
+    ("access-unknown-address", "cache", lambda c: c.access(np.array([10**9], dtype=np.int64))),
+    ("access-working-set-too-big", "cache", lambda c: c.access(np.arange(100, dtype=np.int64))),
+    ("access-float-addresses", "cache", lambda c: c.access(np.array([1.5, 2.5]))),
+    ("commit-not-a-plan", "cache", lambda c: c.commit("plan")),
+    ("free-unknown-request", "cache", lambda c: c.free(42)),
+    ("write-without-payload", "cache", lambda c: c.write(np.array([1], dtype=np.int64), np.zeros((1, 4), np.uint8))),
+    ("locate-unknown-address", "cache", lambda c: c.locate(np.array([-7], dtype=np.int64))),
+]
+
+
+@pytest.mark.parametrize("kind, call", [c[1:] for c in LIBRARY_CASES], ids=[c[0] for c in LIBRARY_CASES])
+def test_bad_library_call_raises_and_changes_nothing(kind, call):
+    from ulacache import CapacityError
+
+    if kind is None:
+        with pytest.raises(ValueError):
+            call()
+        return
+    cache = _cache()
+    before = _state(cache)
+    with pytest.raises((ValueError, CapacityError)):
+        call(cache)
+    assert _state(cache) == before
+    cache.check_invariants()
