@@ -174,7 +174,20 @@ class CostModel:
         return float(self.values["hisparse_swapin_efficiency"])
 
     def hisparse_swapin_link_bytes(self, num_rows: float, row_bytes: float, batch: float) -> float:
-        return num_rows * row_bytes / self.hisparse_swapin_efficiency(batch)
+        """PCIe occupancy of the swap-in's copies: what the link carries (the calibrated exchange efficiency, or the
+        swap-in's own where higher). Its rate limit at small batch is not link occupancy (a few blocks cannot fill
+        the link, others may use it): that excess is `hisparse_swapin_excess_s`, on the compute stream."""
+        eff = max(self.hisparse_swapin_efficiency(batch), self._efficiency("h2d", row_bytes))
+        return num_rows * row_bytes / eff
+
+    def hisparse_swapin_excess_s(self, num_rows: float, row_bytes: float, batch: float) -> float:
+        """Time the swap-in kernel's copies take beyond the link's own time: rows / (bandwidth x efficiency(batch))
+        minus the occupancy's time, when its blocks are too few to fill the link."""
+        if num_rows <= 0:
+            return 0.0
+        bw = self.values["pcie_h2d_bw_bytes_s"]
+        alone = num_rows * row_bytes / (bw * self.hisparse_swapin_efficiency(batch))
+        return max(0.0, alone - self.hisparse_swapin_link_bytes(num_rows, row_bytes, batch) / bw)
 
     def h2d_s(self, num_rows: float, row_bytes: float) -> float:
         """Scattered rows pinned host -> GPU, alone on the link (0 rows: no transfer)."""

@@ -210,8 +210,10 @@ class HiSparse(System):
         return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
 
     def management_s(self, costs, num_refs: float, num_unique: float, num_misses: float, batch: float) -> float:
-        """SGLang's swap-in kernel, per layer: hash + LRU per top-k reference (copies: `h2d_link_bytes`)."""
-        return costs.hisparse_management_s(num_refs)
+        """SGLang's swap-in kernel, per layer: hash + LRU per top-k reference, plus the time its copies (one row per
+        miss) take beyond their link occupancy when its `batch` blocks cannot fill PCIe (`h2d_link_bytes`)."""
+        row = self.cfg.model.kv_bytes_per_token_layer
+        return costs.hisparse_management_s(num_refs) + costs.hisparse_swapin_excess_s(num_misses, row, batch)
 
     def h2d_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float:
         """Missed rows copied by the swap-in kernel straight from pinned host memory, one block per request: its

@@ -173,16 +173,29 @@ def test_hisparse_swapin_efficiency_fallback_and_table():
     assert tab.hisparse_swapin_efficiency(1) == pytest.approx(0.1)
     assert tab.hisparse_swapin_efficiency(4) == pytest.approx(0.3)  # log-interpolated
     assert tab.hisparse_swapin_efficiency(1000) == pytest.approx(0.8)
-    assert tab.hisparse_swapin_link_bytes(100, 656, 16) == pytest.approx(100 * 656 / 0.5)
+    # the link carries the payload at the exchange efficiency (or the swap-in's where higher); the rest of the
+    # swap-in's time at small batch is its blocks' rate limit, not link occupancy
+    ex = tab.h2d_link_bytes(1, 656) / 656
+    assert tab.hisparse_swapin_link_bytes(100, 656, 16) == pytest.approx(100 * 656 * min(ex, 1 / 0.5))
+    bw = tab["pcie_h2d_bw_bytes_s"]
+    for batch, eff in ((1, 0.1), (16, 0.5), (256, 0.8)):
+        total = tab.hisparse_swapin_link_bytes(1000, 656, batch) / bw + tab.hisparse_swapin_excess_s(1000, 656, batch)
+        assert total == pytest.approx(max(1000 * 656 / (bw * eff), tab.h2d_link_bytes(1000, 656) / bw))
 
 
 def test_systems_pick_their_own_mechanism_costs():
     cm = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_efficiency_by_batch": {1: 0.1, 256: 0.8}})
-    # HiSparse's copies use its swap-in kernel's efficiency at its batch; UlaCache's the calibrated exchange
-    assert HiSparse.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(100 * 656 / 0.1)
+    # HiSparse's copies: link occupancy at the exchange efficiency + its swap-in kernel's rate limit at its batch
+    # (on the compute stream); UlaCache's: the calibrated exchange alone
+    from types import SimpleNamespace
+
+    hs = SimpleNamespace(cfg=SimpleNamespace(model=cm.model))
+    assert HiSparse.h2d_link_bytes(hs, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
     assert System.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
-    assert HiSparse.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(
-        cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 2048)
+    assert HiSparse.management_s(hs, cm, 2048, 2048, 900, 1) == pytest.approx(
+        cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 2048 + cm.hisparse_swapin_excess_s(900, 656, 1))
+    assert cm.hisparse_swapin_excess_s(900, 656, 1) == pytest.approx(
+        900 * 656 / cm["pcie_h2d_bw_bytes_s"] * (1 / 0.1 - cm.h2d_link_bytes(1, 656) / 656))
     assert cm["hisparse_swapin_fixed_s"] > 10 * cm.kernel_overhead_s(1)  # one block scans its 4096-slot buffer
     bare = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_fixed_s": 0.0})
     assert bare.hisparse_management_s(0.0 + 1) == pytest.approx(bare.kernel_overhead_s(1) + bare["hisparse_per_ref_s"])
