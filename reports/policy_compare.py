@@ -37,20 +37,31 @@ class Comparison:
 
 
 def find(root: Path) -> tuple[list[Comparison], list[str]]:
-    """Every policy_compare table under `root` (parquet preferred, else csv) and notes on unreadable ones."""
+    """Every policy_compare table under `root` (parquet, else the csv beside it) and notes on unreadable ones;
+    hidden dirs (outputs still being written or replaced) are skipped."""
     root = Path(root)
     found, notes = [], []
-    dirs = sorted({p.parent for p in root.rglob(TABLE)} | {p.parent for p in root.rglob(CSV)})
+
+    def visible(p: Path) -> bool:
+        return not any(part.startswith(".") for part in p.relative_to(root).parts[:-1])
+
+    dirs = sorted({p.parent for name in (TABLE, CSV) for p in root.rglob(name) if visible(p)})
     for d in dirs:
-        path = d / TABLE if (d / TABLE).exists() else d / CSV
-        rel = str(path.relative_to(root))
-        try:
-            df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-            missing = {"policy", "implementation", "gpu_slots", "hit_ratio"} - set(df.columns)
-            if missing:
-                raise ValueError(f"missing columns {sorted(missing)}")
-        except Exception as exc:  # noqa: BLE001 - a broken file is reported, not fatal
-            notes.append(f"{rel}: unreadable policy_compare table ({type(exc).__name__})")
+        df = None
+        for path in (d / TABLE, d / CSV):
+            if not path.exists():
+                continue
+            try:
+                df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+                missing = {"policy", "implementation", "gpu_slots", "hit_ratio"} - set(df.columns)
+                if missing:
+                    raise ValueError(f"missing columns {sorted(missing)}")
+                rel = str(path.relative_to(root))
+                break
+            except Exception as exc:  # noqa: BLE001 - a broken file is reported; the other format may serve
+                notes.append(f"{path.relative_to(root)}: unreadable policy_compare table ({type(exc).__name__})")
+                df = None
+        if df is None:
             continue
         try:
             meta = json.loads((d / META).read_text()) if (d / META).exists() else {}

@@ -214,3 +214,16 @@ def test_policy_compare_without_peers_shows_a_note(tmp_path, compare_dirs):
     assert "no libCacheSim curves" in page and "--no-peers" in page
     assert page.count("Skipped:") >= 7  # the other figures need replay results
     assert 'src="miss_ratio_curve.png"' in page
+
+
+def test_policy_compare_corrupt_parquet_falls_back_to_csv_and_hidden_dirs_are_skipped(tmp_path, compare_dirs):
+    import shutil
+
+    from reports.policy_compare import find
+
+    shutil.copytree(compare_dirs / "with", tmp_path / "a")
+    (tmp_path / "a" / "policy_compare.parquet").write_bytes(b"not parquet")
+    shutil.copytree(compare_dirs / "with", tmp_path / ".b.tmp-1")
+    comps, notes = find(tmp_path)
+    assert [c.path for c in comps] == ["a/policy_compare.csv"] and "unreadable" in notes[0]
+    assert set(comps[0].table["policy"]) >= {"pb-lru", "lru"}
