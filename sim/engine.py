@@ -54,6 +54,23 @@ class RunState:
     rejected: int = 0
 
 
+NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The running batch of one step: requests, histories, references (q x min(history, top_k) each), per rank."""
+
+    run: np.ndarray
+    hist: np.ndarray
+    refs_req: np.ndarray
+    n_total: int
+    tokens_total: int
+    ref_rank: np.ndarray
+    hist_rank: np.ndarray
+    n_rank: np.ndarray
+
+
 class Engine:
     def __init__(self, cfg, costs: CostModel, system: System, requests, source, recorder: TraceRecorder | None,
                  make_cache=None):
@@ -90,12 +107,11 @@ class Engine:
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
-        return float(self.inp[i] + self.out[i] + self.q)
+        return self.system.need_slots(int(self.inp[i]), int(self.out[i]))
 
     def _reserve(self, i: int) -> float:
-        """Slots request i reserves in the GPU pool / buffers (UlaCache: never more than its whole history)."""
-        r = float(self.system.capacity.reserve_slots_per_request)
-        return min(r, self._need(i)) if self.system.reserve_capped_by_history else r
+        """Slots request i reserves in the GPU pool / buffers (the system's rule)."""
+        return self.system.reserve_slots(self._need(i))
 
     def _fits_empty(self, i: int) -> bool:
         cap = self.system.capacity
@@ -181,14 +197,26 @@ class Engine:
 
     # ------------------------------------------------------------------ one decode step
     def _step(self, running: list[int]) -> list[int]:
-        cfg, st, sysm, costs, m = self.cfg, self.state, self.system, self.costs, self.cfg.model
-        run = np.asarray(running, dtype=np.int64)
-        q, n_gpu, tp = self.q, cfg.num_gpus, sysm.tp
+        """One decode step: the batch's shape, the policy's ratios, each rank's group work, timed on the node."""
+        b = self._batch(np.asarray(running, dtype=np.int64))
+        tracing = self.recorder is not None and self.recorder.enabled
+        ratios = self._policy_ratios(b)
+        rows, sim_ranks = self._link_rows(b, ratios, tracing)
+        work = [self._rank_work(b, r, ratios, rows) for r in sim_ranks]
+        epilogue = self._epilogue(b, sim_ranks)
+        t_start = self.env.now
+        step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing)
+        acc, fin = self._advance(b.run)
+        self._account(b, ratios, rows, acc, step_s, parts, t_start)
+        return fin.tolist()
+
+    def _batch(self, run: np.ndarray) -> Batch:
+        """References, history and requests of the running batch, per rank (TP: every rank sees all of them)."""
+        m, n_gpu, q = self.cfg.model, self.cfg.num_gpus, self.q
         hist = self.hist[run]
         refs_req = q * np.minimum(hist, m.top_k).astype(float)
         n_total = len(run)
-        tokens_total = n_total * q
-        if tp:
+        if self.system.tp:
             ref_rank = np.full(n_gpu, refs_req.sum())
             hist_rank = np.full(n_gpu, float(hist.sum()))
             n_rank = np.full(n_gpu, float(n_total))
@@ -197,90 +225,89 @@ class Engine:
             ref_rank = np.bincount(sp, weights=refs_req, minlength=n_gpu)
             hist_rank = np.bincount(sp, weights=hist.astype(float), minlength=n_gpu)
             n_rank = np.bincount(sp, minlength=n_gpu).astype(float)
+        return Batch(run, hist, refs_req, n_total, n_total * q, ref_rank, hist_rank, n_rank)
 
-        ratios = None
-        if self.runner is not None:
-            if self.runner.due(st.steps):
-                rids = self.rid[run].tolist()
-                spaces = self.space[run]
-                ranks = spaces if sysm.capacity.num_spaces > 1 else np.zeros_like(spaces)
-                ratios = self.runner.run_step(rids, hist, self.dsteps[run], q, spaces, ranks)
-            else:
-                ratios = self.runner.last
+    def _policy_ratios(self, b: Batch) -> dict | None:
+        """Per-reference ratios of each simulated group (the library's policy), or None (GPU-resident system)."""
+        if self.runner is None:
+            return None
+        if not self.runner.due(self.state.steps):
+            return self.runner.last
+        spaces = self.space[b.run]
+        ranks = spaces if self.system.capacity.num_spaces > 1 else np.zeros_like(spaces)
+        return self.runner.run_step(self.rid[b.run].tolist(), b.hist, self.dsteps[b.run], self.q, spaces, ranks)
+
+    def _link_rows(self, b: Batch, ratios, tracing: bool) -> tuple[dict, list[int]]:
+        """(h2d, d2h, peer) rows per rank of one layer, per simulated group; and the ranks worth timing."""
+        sysm, n_gpu = self.system, self.cfg.num_gpus
         sim_ranks = [0] if sysm.symmetric_ranks else list(range(n_gpu))
-        tracing = self.recorder is not None and self.recorder.enabled
-        keys = sysm.indexer_keys(hist_rank.tolist(), float(hist.sum()))
-        allgather_b = sysm.indexer_allgather_bytes(tokens_total)
-        allgather_s = costs.distributed_topk_s(allgather_b, tokens_total, n_gpu) if allgather_b else 0.0
-        ffn = costs.ffn_s(tokens_total, n_gpu, attn_replicated=not tp)
-        coll = costs.layer_collectives_s(tokens_total / n_gpu, n_gpu, tp)
+        rows = {}
+        if not ratios:
+            return rows, sim_ranks
+        for rep in sorted(set(int(x) for x in self.runner.group_of)):
+            rt = ratios[rep]
+            rows[rep] = tuple(np.resize(np.asarray(rt[k], float), n_gpu) * b.ref_rank for k in ("h2d", "d2h", "peer"))
+        if sysm.tp and not sysm.symmetric_ranks and not tracing:
+            # TP ranks compute the same; a group ends with the slowest rank, and a rank's time grows with each of
+            # its concurrent link volumes: the ranks with the most of some link's rows are the only candidates
+            sim_ranks = sorted({int(np.argmax(arr)) for h, d, p in rows.values() for arr in (h, d, p)})
+        return rows, sim_ranks
+
+    def _rank_work(self, b: Batch, r: int, ratios, rows: dict) -> list[GroupWork]:
+        """Rank r's work for every indexer group; groups sharing a simulated representative share their work."""
+        cfg, sysm, costs, m = self.cfg, self.system, self.costs, self.cfg.model
+        n_gpu, tp, q = cfg.num_gpus, sysm.tp, self.q
+        tokens = b.tokens_total
+        allgather_b = sysm.indexer_allgather_bytes(tokens)
+        keys = sysm.indexer_keys(b.hist_rank.tolist(), float(b.hist.sum()))[r]
         heads = m.num_heads / n_gpu if tp else m.num_heads
+        qtok = b.n_rank[r] * q
+        common = dict(
+            indexer_s=(costs.indexer_s(keys, keys * q) if keys else 0.0) if b.n_rank[r] or tp else 0.0,
+            allgather_s=costs.distributed_topk_s(allgather_b, tokens, n_gpu) if allgather_b else 0.0,
+            attention_s=costs.attention_s(qtok, b.ref_rank[r], heads) if qtok else 0.0,
+            ffn_s=costs.ffn_s(tokens, n_gpu, attn_replicated=not tp),
+            collective_s=costs.layer_collectives_s(tokens / n_gpu, n_gpu, tp),
+            prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
         row = m.kv_bytes_per_token_layer
-        prefetch = sysm.name == "ulacache"
-        layer_w = self.group_layers
-        hits = unique = 0.0
-        h2d_rows_tot = d2h_rows_tot = peer_rows_tot = 0.0
-        rows = {}  # distinct ratio set -> (h2d, d2h, peer) rows per rank, one layer
-        if ratios:
-            for rep in sorted(set(int(x) for x in self.runner.group_of)):
-                rt = ratios[rep]
-                rows[rep] = tuple(np.resize(np.asarray(rt[k], float), n_gpu) * ref_rank for k in ("h2d", "d2h", "peer"))
-            copies = n_gpu if sysm.symmetric_ranks else 1
-            for g in range(m.num_index_groups):
-                h, d, p = rows[int(self.runner.group_of[g])]
-                scale = layer_w[g] * copies
-                h2d_rows_tot += (h[0] if copies > 1 else h.sum()) * scale
-                d2h_rows_tot += (d[0] if copies > 1 else d.sum()) * scale
-                peer_rows_tot += (p[0] if copies > 1 else p.sum()) * scale
-            if tp and not sysm.symmetric_ranks and not tracing:
-                # TP ranks compute the same; a group ends with the slowest rank, and a rank's time grows with each of
-                # its concurrent link volumes: the ranks with the most of some link's rows are the only candidates
-                sim_ranks = sorted({int(np.argmax(arr)) for h, d, p in rows.values() for arr in (h, d, p)})
-        work = []
-        for r in sim_ranks:
-            per_group = []
-            qtok = n_rank[r] * q
-            attn = costs.attention_s(qtok, ref_rank[r], heads) if qtok else 0.0
-            idx_s = costs.indexer_s(keys[r], keys[r] * q) if keys[r] else 0.0
-            for g in range(m.num_index_groups):
-                h2d = d2h = peer = mgmt = chained = 0.0
-                if ratios:
-                    rep = int(self.runner.group_of[g])
-                    rt = ratios[rep]
-                    h2d, d2h, peer = (x[r] for x in rows[rep])
-                    mgmt = sysm.management_s(costs, ref_rank[r], rt["unique"] * ref_rank[r],
-                                             rt["misses"] * ref_rank[r], n_rank[r])
-                    if tp:  # rows promoted at other homes this step are fetched only after their promotion
-                        chained = min(peer, float(rows[rep][0].sum()) - h2d)
-                per_group.append(GroupWork(
-                    layers=int(layer_w[g]), indexer_s=idx_s if n_rank[r] or tp else 0.0, allgather_s=allgather_s,
-                    mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row, n_rank[r]),
-                    d2h_bytes=costs.d2h_link_bytes(d2h, row), peer_bytes=costs.peer_link_bytes(peer - chained, row),
-                    peer_after_h2d_bytes=costs.peer_link_bytes(chained, row), attention_s=attn, ffn_s=ffn, collective_s=coll,
-                    prefetch=prefetch, d2h_blocking=prefetch))
-            work.append(per_group)
-        if ratios:
-            refs_all = refs_req.sum()
-            for g in range(m.num_index_groups):
-                rt = ratios[int(self.runner.group_of[g])]
-                hits += rt["hits"] * refs_all * layer_w[g]
-                unique += rt["unique"] * refs_all * layer_w[g]
-        else:  # GPU-resident: every selected entry is on the GPU
-            unique = hits = refs_req.sum() * m.num_layers
-        # speculative draft passes (one MTP layer per draft token, at one token per request) + step overhead
+        by_rep: dict[int, dict] = {}
+        out = []
+        for g in range(m.num_index_groups):
+            rep = int(self.runner.group_of[g]) if ratios else -1
+            links = by_rep.get(rep)
+            if links is None:
+                links = by_rep[rep] = self._links(b, r, ratios[rep], rows[rep], row) if ratios else NO_LINKS
+            out.append(GroupWork(layers=int(self.group_layers[g]), **common, **links))
+        return out
+
+    def _links(self, b: Batch, r: int, rt: dict, rows: tuple, row_bytes: float) -> dict:
+        """Management time and link bytes of one simulated group's plan on rank r (one layer)."""
+        sysm, costs = self.system, self.costs
+        h2d, d2h, peer = (x[r] for x in rows)
+        mgmt = sysm.management_s(costs, b.ref_rank[r], rt["unique"] * b.ref_rank[r], rt["misses"] * b.ref_rank[r],
+                                 b.n_rank[r])
+        chained = min(peer, float(rows[0].sum()) - h2d) if sysm.tp else 0.0  # peer rows promoted at their home first
+        return dict(mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row_bytes, b.n_rank[r]),
+                    d2h_bytes=costs.d2h_link_bytes(d2h, row_bytes),
+                    peer_bytes=costs.peer_link_bytes(peer - chained, row_bytes),
+                    peer_after_h2d_bytes=costs.peer_link_bytes(chained, row_bytes))
+
+    def _epilogue(self, b: Batch, sim_ranks: list[int]) -> dict:
+        """Speculative draft passes (one MTP layer per draft token, one token per request) + step overhead."""
+        costs, m, q, n_gpu, tp = self.costs, self.cfg.model, self.q, self.cfg.num_gpus, self.system.tp
         epilogue = {"overhead_s": costs.step_overhead_s(speculative=q > 1), "draft_s": 0.0}
         if q > 1:
-            qn = n_rank[sim_ranks].max()
-            one = (costs.attention_s(qn, qn * m.top_k, heads) + costs.ffn_s(n_total, n_gpu, not tp)
-                   + costs.layer_collectives_s(n_total / n_gpu, n_gpu, tp))
+            heads = m.num_heads / n_gpu if tp else m.num_heads
+            qn = b.n_rank[sim_ranks].max()
+            one = (costs.attention_s(qn, qn * m.top_k, heads) + costs.ffn_s(b.n_total, n_gpu, not tp)
+                   + costs.layer_collectives_s(b.n_total / n_gpu, n_gpu, tp))
             epilogue["draft_s"] = (q - 1) * costs["draft_layer_equiv"] * one
-        t_start = self.env.now
-        step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing)
+        return epilogue
 
-        # accept and advance
-        acc = self.rng.choice(np.arange(1, len(self.accept_p) + 1), size=n_total, p=self.accept_p)
-        remaining = self.out[run] - self.generated[run]
-        acc = np.minimum(acc, remaining)
+    def _advance(self, run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Draw each request's accepted tokens, grow the histories; returns (accepted, finished requests)."""
+        acc = self.rng.choice(np.arange(1, len(self.accept_p) + 1), size=len(run), p=self.accept_p)
+        acc = np.minimum(acc, self.out[run] - self.generated[run])
         self.generated[run] += acc
         self.hist[run] += acc
         self.dsteps[run] += 1
@@ -288,46 +315,53 @@ class Engine:
             self.runner.grow(self.rid[run].tolist(), acc)
         fin = run[self.generated[run] >= self.out[run]]
         self.finish_s[fin] = self.env.now
+        return acc, fin
 
-        # bookkeeping
+    def _account(self, b: Batch, ratios, rows: dict, acc: np.ndarray, step_s: float, parts: dict, t_start: float):
+        """Hits, bytes per link, concurrency, footprint and the timeline record of the step."""
+        st, m, costs, sysm = self.state, self.cfg.model, self.costs, self.system
+        n_gpu, tp, layer_w = self.cfg.num_gpus, sysm.tp, self.group_layers
+        refs_all = b.refs_req.sum()
+        link_rows = np.zeros(3)  # h2d, d2h, peer over all ranks and layers
+        if ratios:
+            hit_u = np.zeros(2)
+            copies = n_gpu if sysm.symmetric_ranks else 1
+            for g in range(m.num_index_groups):
+                rep = int(self.runner.group_of[g])
+                link_rows += [(x[0] if copies > 1 else x.sum()) * layer_w[g] * copies for x in rows[rep]]
+                hit_u += (ratios[rep]["hits"] * refs_all * layer_w[g], ratios[rep]["unique"] * refs_all * layer_w[g])
+            hits, unique = hit_u
+        else:  # GPU-resident: every selected entry is on the GPU
+            unique = hits = refs_all * m.num_layers
+        row = m.kv_bytes_per_token_layer
+        allgather_b = sysm.indexer_allgather_bytes(b.tokens_total)
         st.steps += 1
         st.tokens += float(acc.sum())
         st.busy_s += step_s
         st.hits += hits
         st.unique += unique
-        st.refs += refs_req.sum() * m.num_layers
-        st.h2d_bytes += h2d_rows_tot * row
-        st.d2h_bytes += d2h_rows_tot * row
-        st.peer_bytes += peer_rows_tot * row
+        st.refs += refs_all * m.num_layers
+        st.h2d_bytes += link_rows[0] * row
+        st.d2h_bytes += link_rows[1] * row
+        st.peer_bytes += link_rows[2] * row
         st.allgather_bytes += costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu
-        st.collective_bytes += costs.layer_collective_bytes(tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu
-        st.max_concurrency = max(st.max_concurrency, n_total)
-        st.concurrency_sum += n_total
-        self._footprint(run)
-        rec = {"step": st.steps - 1, "t_start_s": t_start, "step_s": step_s, "batch": n_total,
-               "tokens": int(acc.sum()), "history_tokens": int(hist.sum()),
-               "h2d_rows": h2d_rows_tot, "d2h_rows": d2h_rows_tot, "peer_rows": peer_rows_tot,
+        st.collective_bytes += costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu
+        st.max_concurrency = max(st.max_concurrency, b.n_total)
+        st.concurrency_sum += b.n_total
+        self._footprint(b.run)
+        rec = {"step": st.steps - 1, "t_start_s": t_start, "step_s": step_s, "batch": b.n_total,
+               "tokens": int(acc.sum()), "history_tokens": int(b.hist.sum()),
+               "h2d_rows": float(link_rows[0]), "d2h_rows": float(link_rows[1]), "peer_rows": float(link_rows[2]),
                "gpu_hit_rate": hits / unique if unique else 1.0}
         rec.update({p: parts.get(p, 0.0) for p in PARTS})
         st.timeline.append(rec)
-        return fin.tolist()
 
     def _footprint(self, run: np.ndarray):
         """Where the history bytes are now; keep the moment of the most physical slots."""
-        sysm, cap = self.system, self.system.capacity
+        sysm = self.system
         hist = self.hist[run].astype(float)
-        unique_tokens = float(hist.sum())
-        if sysm.name == "hisparse":
-            per_req = np.minimum(hist, cap.device_buffer_slots) + 1  # + the newest token's slot
-            buffer = float(per_req.sum()) * cap.history_copies
-        elif sysm.name == "ulacache" and sysm.tp:
-            ws = cap.notes["ws_reserve_slots"]
-            per_rank = min(cap.local_buffer_slots, float(np.minimum(hist, ws).sum()))
-            if self.runner is not None and self.runner.buffer_peak_rows:
-                per_rank = min(per_rank, self.runner.buffer_peak_rows / self.cfg.num_gpus)
-            buffer = per_rank * self.cfg.num_gpus
-        else:
-            buffer = 0.0
-        fp = sysm.footprint(unique_tokens, len(run), hist.tolist(), buffer)
+        peak_rows = self.runner.buffer_peak_rows if self.runner is not None else 0.0
+        buffer = sysm.buffer_copy_slots(hist, peak_rows)
+        fp = sysm.footprint(float(hist.sum()), len(run), hist.tolist(), buffer)
         if fp["physical_slots"] >= self.state.peak.get("physical_slots", -1):
             self.state.peak = fp | {"concurrency": len(run)}

@@ -187,13 +187,7 @@ class PolicyRunner:
         self.space_of: dict[int, int] = {}
         self.last: dict[int, dict] = {}  # group -> last ratios
         self.group_totals: dict[int, np.ndarray] = {}  # group -> (hits, unique, refs) simulated so far
-        # HiSparse's per-request buffer holds device_buffer_slots distinct entries: with speculative decoding the
-        # verify tokens' union can exceed it, so their swap-ins are done in chunks of queries that fit (the extra
-        # "draft-zone" work SGLang needed); other policies take all verify tokens in one access batch.
-        q = cfg.query_tokens
-        buf = system.capacity.device_buffer_slots
-        fits = max(1, buf // cfg.model.top_k) if system.name == "hisparse" else q
-        self.query_chunk = min(q, fits)
+        self.query_chunk = system.query_chunk()  # verify tokens per access batch (HiSparse: what its buffer holds)
         self.policy_calls = 0
         self.capacity_splits = 0
         self.buffer_peak_rows = 0.0

@@ -84,8 +84,8 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
     events = events_scheduled(engine.env)
     runner = engine.runner
     out = {
-        "system": cfg.system, "attention": cfg.attention, "policy": cfg.policy if cfg.system == "ulacache" else
-        cfg.system, "cpu_storage": bool(cfg.cpu_storage), "hardware": cfg.hardware.name,
+        "system": cfg.system, "attention": cfg.attention, "policy": system.policy_label,
+        "cpu_storage": bool(cfg.cpu_storage), "hardware": cfg.hardware.name,
         "num_gpus": cfg.num_gpus, "model": cfg.model.name, "draft_tokens": cfg.spec["draft_tokens"],
         "num_requests": int(engine.n_req), "completed_requests": int(done.sum()),
         "rejected_requests": int(st.rejected), "decode_steps": int(st.steps),

@@ -101,6 +101,8 @@ class System:
     name = ""
     uses_policy = False
     reserve_capped_by_history = False  # a request never reserves more working-set slots than its history
+    prefetch = False  # one plan per indexer group, the group's other layers' data moved ahead on a copy stream
+    partitioned_homes = False  # under TP each entry is stored once (on its home rank), not replicated per rank
 
     def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float):
         self.cfg, self.budget = cfg, budget
@@ -123,7 +125,30 @@ class System:
     @property
     def symmetric_ranks(self) -> bool:
         """All ranks do identical work (TP replication): the engine may time one rank for all."""
-        return self.tp and self.name != "ulacache"
+        return self.tp and not self.partitioned_homes
+
+    @property
+    def policy_label(self) -> str:
+        """The replacement policy the metrics name (the system's own unless it runs a configurable one)."""
+        return self.name
+
+    def query_chunk(self) -> int:
+        """Verify tokens per access batch (all of a step's by default)."""
+        return self.q
+
+    def buffer_copy_slots(self, hist, buffer_peak_rows: float) -> float:
+        """Slots of GPU copies of history entries (buffers that never count as capacity), all ranks."""
+        return 0.0
+
+    # ---- admission
+    def need_slots(self, num_input: int, num_output: int) -> float:
+        """Logical slots a request holds at its end (admission reserves them up front)."""
+        return float(num_input + num_output + self.q)
+
+    def reserve_slots(self, need: float) -> float:
+        """Working-set / device-buffer slots a request reserves while it runs."""
+        r = float(self.capacity.reserve_slots_per_request)
+        return min(r, need) if self.reserve_capped_by_history else r
 
     def indexer_keys(self, hist_rank: list[float], hist_total: float) -> list[float]:
         """Index keys each rank scores for one indexer layer."""
@@ -209,6 +234,16 @@ class HiSparse(System):
     def index_key_bytes(self, unique_tokens: float) -> float:
         return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
 
+    def query_chunk(self) -> int:
+        """The per-request buffer holds device_buffer_slots distinct entries: with speculative decoding the verify
+        tokens' union can exceed it, so their swap-ins go in chunks of queries that fit (SGLang's draft-zone work)."""
+        return min(self.q, max(1, self.capacity.device_buffer_slots // self.cfg.model.top_k))
+
+    def buffer_copy_slots(self, hist, buffer_peak_rows: float) -> float:
+        """Each running request's device buffer (+ the newest token's slot), on every replica."""
+        per_req = np.minimum(hist, self.capacity.device_buffer_slots) + 1
+        return float(per_req.sum()) * self.capacity.history_copies
+
     def management_s(self, costs, num_refs: float, num_unique: float, num_misses: float, batch: float) -> float:
         """SGLang's swap-in kernel, per layer: hash + LRU per top-k reference, plus the time its copies (one row per
         miss) take beyond their link occupancy when its `batch` blocks cannot fill PCIe (`h2d_link_bytes`)."""
@@ -244,6 +279,22 @@ class UlaCacheSystem(System):
     name = "ulacache"
     uses_policy = True
     reserve_capped_by_history = True  # a shared pool: a short request's working set is at most its history
+    prefetch = True
+    partitioned_homes = True
+
+    @property
+    def policy_label(self) -> str:
+        return self.cfg.policy
+
+    def buffer_copy_slots(self, hist, buffer_peak_rows: float) -> float:
+        """TP: each rank's local buffer holds copies of the selected entries it does not home, at most its size."""
+        if not self.tp:
+            return 0.0
+        cap = self.capacity
+        per_rank = min(cap.local_buffer_slots, float(np.minimum(hist, cap.notes["ws_reserve_slots"]).sum()))
+        if buffer_peak_rows:
+            per_rank = min(per_rank, buffer_peak_rows / self.n)
+        return per_rank * self.n
 
     def size(self) -> Capacity:
         cfg, kv, ix = self.cfg, self.kv_tok, self.ix_tok
