@@ -81,6 +81,10 @@ def _run(args: argparse.Namespace) -> int:
             path.unlink(missing_ok=True)
     show = df.assign(hit_ratio=df["hit_ratio"].round(4)).pivot(index="policy", columns="gpu_slots",
                                                                   values="hit_ratio")
+    from sim.peers import PEERS
+    from sim.policy_compare import OURS
+
+    show = show.reindex([p for p in (*OURS, *PEERS) if p in show.index])
     print(f"policy-compare: group {meta['group']}, {meta['num_steps']} steps ({meta['warmup_steps']} warm-up), "
           f"{meta['num_requests']} requests at concurrency {meta['concurrency']}; hit ratio after warm-up:")
     print(show.to_string())
