@@ -149,36 +149,44 @@ def link_costs(links: dict, ceil: dict, min_rows: int) -> tuple[dict, dict]:
     return costs, fits
 
 
-def run(quick: bool = False) -> tuple[dict, dict | None, dict]:
-    """(calibration for the simulator, single-GPU calibration or None, raw measurements). With several GPUs the
-    simulator's calibration takes the link figures measured with all GPUs transferring at once."""
-    raw = {"date": utc_now(), "command": command_line(), "device": device_facts()}
+def measure(quick: bool = False) -> dict:
+    """Every raw measurement `derive` needs (run on the GPU host)."""
+    raw = {"date": utc_now(), "command": command_line(), "device": device_facts(), "quick": bool(quick)}
     ceil = copy_ceilings(nbytes=(64 if quick else 256) << 20)
     raw["ceilings"], raw["launch"] = ceil, launch_overhead_s()
-    base = {"launch_s": raw["launch"]["launch_device_gap_s"]}
-    from sim.presets import HARDWARE_PRESETS
-
-    hbm = HARDWARE_PRESETS["h200"].hbm_bw_bytes_s
-    base["hbm_efficiency"] = min(1.0, ceil["d2d_rw_gb_s"] * 1e9 / hbm)
-    min_rows = 1024 if quick else FIT_MIN_ROWS
     ngpu = raw["device"]["num_gpus"]
     raw["links"] = measure_links(ceil, quick, ngpu)
+    if ngpu > 1:
+        raw["node"] = measure_node(ngpu, quick)
+    shapes = ([(16, 1, 512), (16, 4, 512), (64, 4, 512)] if quick else
+              [(16, 1, 2048), (32, 4, 2048), (64, 1, 2048), (64, 4, 2048), (128, 2, 2048), (128, 4, 2048),
+               (256, 1, 2048), (256, 4, 2048)])
+    raw["management"] = measure_management(shapes, history=8192 if quick else 32768,
+                                           gpu_slots=(1 << 17) if quick else 1 << 20)
+    return raw
+
+
+def derive(raw: dict) -> tuple[dict, dict | None]:
+    """(calibration for the simulator, single-GPU calibration or None) from raw measurements (no GPU needed; adds
+    the fits to `raw`). With several GPUs the first is the node model: per-link PCIe figures of one GPU alone,
+    host-side caps fitted on k = 1..N GPUs at once, peer figures of all ranks gathering at once."""
+    from sim.presets import HARDWARE_PRESETS
+
+    ceil, ngpu = raw["ceilings"], raw["device"]["num_gpus"]
+    base = {"launch_s": raw["launch"]["launch_device_gap_s"]}
+    base["hbm_efficiency"] = min(1.0, ceil["d2d_rw_gb_s"] * 1e9 / HARDWARE_PRESETS["h200"].hbm_bw_bytes_s)
+    min_rows = 1024 if raw.get("quick") else FIT_MIN_ROWS
     single_links, raw["link_fits"] = link_costs(raw["links"], ceil, min_rows)
     multi_links = None
-    if ngpu > 1:  # the node model: per-link PCIe figures of one GPU alone + host-side caps; all-to-all NVLink
+    if "node" in raw:
         from hw.nodefit import fit_host_caps
 
-        raw["node"] = measure_node(ngpu, quick)
         peer, raw["link_fits_peer_all"] = link_costs({"peer": raw["node"]["peer_all"]}, ceil, min_rows)
         multi_links = {**single_links, **peer}
         fit = fit_host_caps({**multi_links, "nvlink_bw_bytes_s": ceil["p2p_gb_s"] * 1e9}, raw["node"]["exchange"])
         raw["node_fit"] = fit
         multi_links.update({k: v for k, v in fit["caps"].items() if v})
-    shapes = ([(16, 1, 512), (16, 4, 512), (64, 4, 512)] if quick else
-              [(16, 1, 2048), (32, 4, 2048), (64, 1, 2048), (64, 4, 2048), (128, 2, 2048), (128, 4, 2048),
-               (256, 1, 2048), (256, 4, 2048)])
-    mg = measure_management(shapes, history=8192 if quick else 32768, gpu_slots=(1 << 17) if quick else 1 << 20)
-    raw["management"] = mg
+    mg = raw["management"]
     X = [[1.0, m["num_refs"], m["num_unique"], m["num_misses"]] for m in mg]
     f = fit_nonnegative(X, [m["time_s"] for m in mg], ["const_s", "per_ref_s", "per_unique_s", "per_miss_s"])
     raw["management_fit"] = f
@@ -193,16 +201,18 @@ def run(quick: bool = False) -> tuple[dict, dict | None, dict]:
                 "note": "management = device pb-lru pipeline (access + commit, CUDA graph, per GPU); h2d = exchange "
                         "into free slots (reads); d2h = fused swap exchange (its write-back direction is the slower "
                         f"one); peer = pull gather; link latency/efficiency fitted on {min_rows}+ rows"}
+        if raw.get("derived"):
+            prov["derived"] = raw["derived"]
         return {"provenance": prov, "costs": costs}
 
     single = calib(single_links, "one GPU transferring alone (slowest of the GPUs)")
     if multi_links is None:
-        return single, None, raw
+        return single, None
     caps = {k: v for k, v in raw["node_fit"]["caps"].items() if v}
-    regime = (f"node model: PCIe per-link figures of one GPU alone, host-side caps {caps or 'none'} fitted on 1..{ngpu}"
-              f" GPUs exchanging at once (median error {raw['node_fit']['median_rel_err']:.3f}); peer = all {ngpu} "
-              "ranks gathering from all peers at once")
-    return calib(multi_links, regime), single, raw
+    regime = (f"node model: PCIe per-link figures of one GPU alone, host-side caps {caps or 'none'} (128-B line "
+              f"bytes/s) fitted on 1..{ngpu} GPUs exchanging at once (median error "
+              f"{raw['node_fit']['median_rel_err']:.3f}); peer = all {ngpu} ranks gathering from all peers at once")
+    return calib(multi_links, regime), single
 
 
 def add_hisparse(calib: dict, path: str) -> None:
@@ -238,7 +248,12 @@ def write_accepted(path: Path, data: dict) -> list[str]:
 
 
 def main(args) -> int:
-    calib, single, raw = run(quick=args.quick)
+    if getattr(args, "from_json", ""):  # re-derive from earlier raw measurements (no GPU)
+        raw = json.loads(Path(args.from_json).read_text())
+        raw["derived"] = {"from": str(args.from_json), "date": utc_now(), "command": command_line()}
+    else:
+        raw = measure(quick=args.quick)
+    calib, single = derive(raw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [(out, calib)]

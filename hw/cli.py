@@ -29,6 +29,7 @@ def register(subparsers) -> None:
     c.add_argument("--out", default="hw/calibration/h200.yaml", help="calibration YAML to write")
     c.add_argument("--json", default="", help="also write the raw measurements here")
     c.add_argument("--hisparse-json", default="", help="merge the HiSparse swap-in keys of this `hw hisparse` JSON")
+    c.add_argument("--from-json", default="", help="no GPU: re-derive the calibration from this raw JSON (--json)")
     c.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     c.set_defaults(func=_calibrate)
 

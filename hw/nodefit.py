@@ -2,7 +2,8 @@
 GPU, no simpy; tested on CPU).
 
 Per-link figures (efficiency by row size, latency) come from each GPU transferring alone; what k GPUs at once lose
-beyond that is explained by host-side caps shared by all GPUs (payload bytes/s): one on host->GPU reads
+beyond that is explained by host-side caps shared by all GPUs (bytes/s of the 128-B lines the rows touch,
+sim.hardware.line_bytes): one on host->GPU reads
 (`pcie_host_h2d_cap_bytes_s`, seen by read-only exchanges) and one on both directions together
 (`pcie_host_cap_bytes_s`, seen by swaps). Each cap is chosen, by coordinate search over candidates taken from the
 measured aggregate rates, to minimise the squared log error of the model's prediction over every measured point;
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.hardware import concurrent_exchange_s
+from sim.hardware import concurrent_exchange_s, line_bytes
 
 FIT_OPS = ("read_only", "swap")  # the exchanges the simulator models (h2d flow; h2d + d2h flows)
 CAP_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_cap_bytes_s")
@@ -67,7 +68,7 @@ def fit_host_caps(link_values: dict, points: list[dict], rounds: int = 3) -> dic
     for p in pts:
         if p["num_gpus"] < 2:
             continue
-        agg = p["num_gpus"] * p["num_rows"] * p["row_bytes"] / p["time_s"]  # payload B/s, one direction
+        agg = p["num_gpus"] * p["num_rows"] * line_bytes(p["row_bytes"]) / p["time_s"]  # line B/s, one direction
         key, base = ("pcie_host_h2d_cap_bytes_s", agg) if p["op"] == "read_only" else ("pcie_host_cap_bytes_s",
                                                                                         2 * agg)
         cand[key].update(base * f for f in np.linspace(0.7, 1.5, 41))

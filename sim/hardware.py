@@ -7,9 +7,10 @@ wake-up (a simpy timeout for the earliest completion) and re-plans it whenever a
 event count is O(transfers), not O(time).
 
 Node model (`hw calibrate` fits it on concurrent transfers): each GPU's PCIe links keep their own caps, and every
-host<->GPU transfer of every GPU also crosses the host side, whose payload rate may be capped per direction
+host<->GPU transfer of every GPU also crosses the host side, whose rate may be capped per direction
 (`pcie_host_h2d_cap_bytes_s`, `pcie_host_d2h_cap_bytes_s`) and in both directions together
-(`pcie_host_cap_bytes_s`); null = no cap. With any cap set the node's links are routes through one `Fabric` that
+(`pcie_host_cap_bytes_s`); null = no cap. The host side counts the 128-B lines the rows touch (a 656-B row touches
+6 lines = 768 B; a 1152-B row 9), since PCIe requests and host memory work in lines. With any cap set the node's links are routes through one `Fabric` that
 shares the resources max-min fairly (progressive filling); `fluid_finish_s` is the same model without simpy (used
 by the fit and by `hw validate`). simpy is imported lazily so the pure functions load on hosts without it.
 """
@@ -201,12 +202,25 @@ def node_caps(costs, num_gpus: int) -> dict:
     return caps
 
 
+LINE_BYTES = 128
+
+
+def line_bytes(row_bytes: float) -> float:
+    """Mean bytes of the 128-B lines a row touches, rows packed back to back from a line-aligned base."""
+    rb = int(round(row_bytes))
+    if rb <= 0:
+        return 0.0
+    starts = [k * rb for k in range(LINE_BYTES)]
+    return LINE_BYTES * sum((s + rb - 1) // LINE_BYTES - s // LINE_BYTES + 1 for s in starts) / len(starts)
+
+
 def pcie_route(costs, kind: str, rank: int, row_bytes: float) -> dict:
     """Resources a host<->GPU transfer of `kind` (h2d | d2h) on GPU `rank` crosses, with its load per unit of
-    occupancy rate: 1 on its own link, the payload fraction (= row efficiency) on the host-side caps."""
+    occupancy rate: 1 on its own link; on the host-side caps the line bytes per occupancy byte (payload fraction =
+    row efficiency, times line bytes per payload byte)."""
     link_bytes = costs.h2d_link_bytes if kind == "h2d" else costs.d2h_link_bytes
-    payload = float(row_bytes) / link_bytes(1, row_bytes)
-    return {f"{kind}{rank}": 1.0, f"pcie_host_{kind}_cap_bytes_s": payload, "pcie_host_cap_bytes_s": payload}
+    w = line_bytes(row_bytes) / link_bytes(1, row_bytes)
+    return {f"{kind}{rank}": 1.0, f"pcie_host_{kind}_cap_bytes_s": w, "pcie_host_cap_bytes_s": w}
 
 
 def concurrent_exchange_s(costs, row_bytes: float, h2d_rows, d2h_rows, peer_rows=None) -> tuple[float, float]:

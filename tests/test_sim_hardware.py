@@ -140,15 +140,21 @@ class _Costs:
         return rows * row_bytes / 400.0
 
 
+def test_line_bytes():
+    from sim.hardware import line_bytes
+
+    assert [line_bytes(r) for r in (128, 656, 1152, 2048)] == [128, 768, 1152, 2048]
+
+
 def test_node_model_caps_concurrent_gpus_and_scales_to_simulated_ranks():
     from sim.hardware import Node, concurrent_exchange_s
 
-    # 2 GPUs reading 1000 payload bytes each (2000 occupancy bytes) under a 60 B/s host cap: 30 payload B/s each
-    ex, _ = concurrent_exchange_s(_Costs(60.0), 1.0, [1000, 1000], [0, 0])
-    assert ex == pytest.approx(1000 / 30.0)
-    ex1, _ = concurrent_exchange_s(_Costs(60.0), 1.0, [1000], [0])
-    assert ex1 == pytest.approx(2000 / 100.0)  # one GPU alone: its own link (50 payload B/s) binds
-    assert concurrent_exchange_s(_Costs(None), 1.0, [1000, 1000], [0, 0])[0] == pytest.approx(20.0)
+    # 2 GPUs reading 10 rows of 128 B (1280 payload = line bytes, 2560 occupancy bytes) under a 60 B/s host cap
+    ex, _ = concurrent_exchange_s(_Costs(60.0), 128, [10, 10], [0, 0])
+    assert ex == pytest.approx(1280 / 30.0)
+    ex1, _ = concurrent_exchange_s(_Costs(60.0), 128, [10], [0])
+    assert ex1 == pytest.approx(2560 / 100.0)  # one GPU alone: its own link (50 payload B/s) binds
+    assert concurrent_exchange_s(_Costs(None), 128, [10, 10], [0, 0])[0] == pytest.approx(25.6)
 
     env = make_env()
     node = Node(env, 4, _Costs(60.0))
@@ -161,8 +167,8 @@ def test_node_model_caps_concurrent_gpus_and_scales_to_simulated_ranks():
 
     env.process(go())
     env.run()
-    # rank 0 alone stands for 4 GPUs: host share 60 / 4 = 15 payload B/s (its link would give 50)
-    assert out["t"] == pytest.approx(6560 / 15.0)
+    # rank 0 alone stands for 4 GPUs: host share 60 / 4 = 15 B/s of lines; 656-B rows touch 6 lines (768 B)
+    assert out["t"] == pytest.approx(10 * 768 / 15.0)
     node.simulate([0, 1, 2, 3])
     assert node.fabric.caps["pcie_host_cap_bytes_s"] == pytest.approx(60.0)
     assert Node(make_env(), 2, _Costs(None)).fabric is None  # no node model: plain links
