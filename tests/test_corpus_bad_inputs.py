@@ -189,6 +189,8 @@ CASES = [
     ("set-overflowing-int", replay("--set", "workload.max_steps=" + "9" * 30), "within +-(2^63 - 1)"),
     ("set-alias-bomb", replay("--set", "costs={" + BOMB.replace("\n", ", ") + "}"), "alias bomb"),
     ("set-duplicate-key", replay("--set", "costs={a: 1, a: 2}"), "duplicate key 'a'"),
+    ("set-pool-10^12-slots", replay("--set", "system=ulacache", "--set", "ulacache.gpu_pool_slots=1000000000000"),
+     "do not fit the GPU KV budget"),
     ("set-max-memory-negative", replay("--max-memory-gb", "-1"), "--max-memory-gb must be a finite number > 0"),
     ("set-max-memory-nan", replay("--max-memory-gb", "nan"), "--max-memory-gb must be a finite number > 0"),
     ("usage-bad-int", gen("--num-requests", "many"), "invalid int value: 'many'"),

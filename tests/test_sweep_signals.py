@@ -88,3 +88,18 @@ def test_failed_results_write_leaves_no_tmp(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         table.add(Point("abc", {"system": "x"}, {"system": "x"}), {"status": "ok", "metrics": {}})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_killed_point_on_ray_is_named_too(base, tmp_path, monkeypatch):
+    """With Ray workers (the default for workers > 1) the replay runs in a child of the worker, so the worker
+    survives and reports the signal."""
+    pytest.importorskip("ray")
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    grid = parse_grid(["system=sglang,hisparse", "die=none,SIGKILL"])
+    df = run_sweep(base, grid, tmp_path / "s", replay_fn=replay_or_die, resolve=resolve, isolate=True, workers=2)
+    dead = df[df["die"] == "SIGKILL"]
+    assert len(df) == 4 and set(dead["status"]) == {"error"}
+    assert all("killed by SIGKILL" in e for e in dead["error"]), list(dead["error"])
+    assert set(df[df["die"] != "SIGKILL"]["status"]) == {"ok"}
