@@ -222,16 +222,17 @@ class CostModel:
         return (self.launch_s(v["mgmt_kernels"]) + v["mgmt_per_ref_s"] * num_refs
                 + v["mgmt_per_unique_s"] * num_unique + v["mgmt_per_miss_s"] * num_misses)
 
-    def hisparse_management_s(self, num_refs: float, num_misses: float = 0.0) -> float:
+    def hisparse_management_s(self, num_refs: float, num_calls: int = 1) -> float:
         """HiSparse's per-layer swap-in kernel (one graph kernel, one thread block per request): hash the top-k, mark
         hits, move hits to MRU, give misses LRU slots -- `hisparse_swapin_fixed_s` (a block scans its whole LRU buffer:
-~60 us measured at batch 1) + `hisparse_per_ref_s` per top-k reference. Its copies are
+~60 us measured at batch 1) per kernel call (`num_calls`: verify tokens go in chunks the buffer holds) +
+        `hisparse_per_ref_s` per top-k reference. Its copies are
         `hisparse_swapin_link_bytes` on the PCIe link (the same kernel, serial with the layer's compute)."""
         v = self.values
         if num_refs <= 0:
             return 0.0
         fixed = max(self.kernel_overhead_s(1), v["hisparse_swapin_fixed_s"])  # the measured fixed part includes launch
-        return fixed + v["hisparse_per_ref_s"] * num_refs
+        return num_calls * fixed + v["hisparse_per_ref_s"] * num_refs
 
     # ------------------------------------------------------------------ model compute (one GPU, one layer)
     def indexer_s(self, num_keys: float, num_query_keys: float) -> float:

@@ -248,7 +248,8 @@ class HiSparse(System):
         """SGLang's swap-in kernel, per layer: hash + LRU per top-k reference, plus the time its copies (one row per
         miss) take beyond their link occupancy when its `batch` blocks cannot fill PCIe (`h2d_link_bytes`)."""
         row = self.cfg.model.kv_bytes_per_token_layer
-        return costs.hisparse_management_s(num_refs) + costs.hisparse_swapin_excess_s(num_misses, row, batch)
+        calls = math.ceil(self.q / self.query_chunk())  # one kernel per chunk of verify tokens
+        return costs.hisparse_management_s(num_refs, calls) + costs.hisparse_swapin_excess_s(num_misses, row, batch)
 
     def h2d_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float:
         """Missed rows copied by the swap-in kernel straight from pinned host memory, one block per request: its

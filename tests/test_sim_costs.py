@@ -189,11 +189,14 @@ def test_systems_pick_their_own_mechanism_costs():
     # (on the compute stream); UlaCache's: the calibrated exchange alone
     from types import SimpleNamespace
 
-    hs = SimpleNamespace(cfg=SimpleNamespace(model=cm.model))
+    hs = SimpleNamespace(cfg=SimpleNamespace(model=cm.model), q=1, query_chunk=lambda: 1)
     assert HiSparse.h2d_link_bytes(hs, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
     assert System.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
     assert HiSparse.management_s(hs, cm, 2048, 2048, 900, 1) == pytest.approx(
         cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 2048 + cm.hisparse_swapin_excess_s(900, 656, 1))
+    spec = SimpleNamespace(cfg=SimpleNamespace(model=cm.model), q=4, query_chunk=lambda: 2)  # 4 verify tokens, 2 fit
+    assert HiSparse.management_s(spec, cm, 4 * 2048, 0, 0, 1) == pytest.approx(
+        2 * cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 4 * 2048)
     assert cm.hisparse_swapin_excess_s(900, 656, 1) == pytest.approx(
         900 * 656 / cm["pcie_h2d_bw_bytes_s"] * (1 / 0.1 - cm.h2d_link_bytes(1, 656) / 656))
     assert cm["hisparse_swapin_fixed_s"] > 10 * cm.kernel_overhead_s(1)  # one block scans its 4096-slot buffer
