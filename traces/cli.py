@@ -4,6 +4,14 @@ from __future__ import annotations
 import argparse
 
 MODELS = ("glm-5.2", "glm-5", "deepseek-v3.2")
+# Limits with reasons (beyond them a value is a typo that would run for hours or exhaust memory):
+MAX_QUERY_TOKENS = 16  # speculative verify tokens per step: SGLang's EAGLE/MTP recipes use 4 (as replay's limit)
+MAX_SAMPLE_STEPS = 4096  # decode steps sampled per request for overlap statistics (a few dozen already converge)
+
+
+def _check_range(name: str, value: int, lo: int, hi: int, why: str = "") -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi:,}]{f' ({why})' if why else ''}, got {value:,}")
 
 
 def register(subparsers) -> None:
@@ -52,6 +60,8 @@ def register(subparsers) -> None:
 def _gen(args: argparse.Namespace) -> int:
     from traces.api import generate_trace
 
+    _check_range("--query-tokens", args.query_tokens, 1, MAX_QUERY_TOKENS, "SGLang's EAGLE/MTP recipes use 4")
+
     path = generate_trace(args.out, profile=args.profile, num_requests=args.num_requests, seed=args.seed,
                           model=args.model, num_groups=args.num_groups, arrival=args.arrival, rate_per_s=args.rate,
                           from_csv=args.from_csv, capture_steps=args.capture_steps,
@@ -68,6 +78,9 @@ def _inspect(args: argparse.Namespace) -> int:
     for name in ("sample_requests", "sample_steps", "query_tokens", "tokens_per_step"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    _check_range("--sample-steps", args.sample_steps, 1, MAX_SAMPLE_STEPS, "a few dozen steps already converge")
+    _check_range("--query-tokens", args.query_tokens, 1, MAX_QUERY_TOKENS, "SGLang's EAGLE/MTP recipes use 4")
+    _check_range("--seed", args.seed, 0, 2**32 - 1)
     info = inspect_trace(args.path, num_requests=args.sample_requests, num_steps=args.sample_steps,
                          num_query_tokens=args.query_tokens, tokens_per_step=args.tokens_per_step, seed=args.seed)
     if args.json:

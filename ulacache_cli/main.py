@@ -15,8 +15,10 @@ COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare
                    "reports.cli", "ulacache_cli.demo")
 
 
-MEMORY_HINT = ("lower workload.num_requests or workload.max_concurrency, or sample more coarsely "
-               "(fidelity.request_fraction, fidelity.policy_groups)")
+_SIM_HINT = ("lower workload.num_requests or workload.max_concurrency, or sample more coarsely "
+             "(fidelity.request_fraction, fidelity.policy_groups)")
+MEMORY_HINTS = {"replay": _SIM_HINT, "sweep": _SIM_HINT, "plan": _SIM_HINT,
+                "trace": "lower --num-requests, --capture-steps, --query-tokens or --sample-requests"}
 
 
 class UsageError(ValueError):
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ulacache: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except MemoryError:  # the last line of defence: the estimates refuse most such runs before they start
-        print(f"ulacache: error: out of memory in `{args.command}`; {MEMORY_HINT}", file=sys.stderr)
+        hint = MEMORY_HINTS.get(args.command, MEMORY_HINTS["replay"])
+        print(f"ulacache: error: out of memory in `ulacache {args.command}`; {hint}", file=sys.stderr)
         return 2
     except RecursionError:
         print("ulacache: error: input nested too deeply", file=sys.stderr)
