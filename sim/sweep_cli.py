@@ -94,6 +94,12 @@ def _plan(args: argparse.Namespace) -> int:
     _positive("--max-concurrency", args.max_concurrency)
     if args.requests_per_cap < 0:
         raise ValueError(f"--requests-per-cap must be >= 0, got {args.requests_per_cap}")
+    from sim.config import MAX_REQUESTS
+
+    if (args.max_concurrency or 1) * max(1, args.requests_per_cap) > MAX_REQUESTS:
+        raise ValueError(f"--max-concurrency x --requests-per-cap must be <= {MAX_REQUESTS:,} requests per replay "
+                         f"(a replay simulates every request), got {args.max_concurrency:,} x "
+                         f"{max(1, args.requests_per_cap):,}")
     if not 0 <= args.rel_tol < 1:
         raise ValueError(f"--rel-tol must be in [0, 1), got {args.rel_tol}")
     import os

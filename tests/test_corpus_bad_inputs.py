@@ -287,6 +287,10 @@ CASES = [
     ("plan-rel-tol-2", PLAN + ["--rel-tol", "2", "--out", "{ws}/p"], "--rel-tol must be in [0, 1)"),
     ("plan-zero-gpus", PLAN + ["--num-gpus", "0", "--out", "{ws}/p"], "--num-gpus must be > 0"),
     ("plan-tp-3-gpus", PLAN + ["--num-gpus", "3", "--attention", "tp", "--out", "{ws}/p"], "attention heads"),
+    ("plan-1e9-concurrency", PLAN + ["--max-concurrency", "1000000000", "--out", "{ws}/p"],
+     "--max-concurrency x --requests-per-cap must be <= 1,000,000"),
+    ("plan-requests-per-cap-overflow", PLAN + ["--max-concurrency", "1024", "--requests-per-cap", "4096", "--out",
+                                               "{ws}/p"], "got 1,024 x 4,096"),
     ("plan-out-existing", PLAN + ["--out", "{ws}/plan"], "pass --force to replace it"),
     ("plan-config-duplicate-key", PLAN[:-1] + ["{ws}/dupkey.yaml", "--out", "{ws}/p"], "duplicate key"),
     # ---- reports
