@@ -117,7 +117,7 @@ class NumpyExecutor:
             rows = self._rows_at(cache.places(chunk))
             bad += int((rows != payload_rows(chunk, self.rb)).any(axis=1).sum())
         copies, bad_entries = 0, bad
-        if self.buf is not None:
+        if self.buf:
             for r in range(self.R):  # loop over ranks
                 occ = np.flatnonzero(self.buf_owner[r] >= 0)
                 rows = self._buffer_rows(r, occ)
