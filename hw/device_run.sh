@@ -37,6 +37,7 @@ for step in ${1:-tests bench}; do
       for r in $(tp_sizes); do v synthetic --ranks "$r" --mode tp --out "$OUT/v/validate_tp$r.json"; done ;;
     validate_diag)  # does a rank's exchange time follow the launch order or the GPU? (DP-N, last rank first)
       [ "$N" -ge 2 ] && v synthetic --ranks "$N" --mode dp --reverse-launch --out "$OUT/v/validate_dp${N}_reverse.json"
+      [ "$N" -ge 2 ] && v synthetic --ranks "$N" --mode dp --exchange-kernel grid --out "$OUT/v/validate_dp${N}_grid.json"
       ;;
     validate_trace)
       python3 -m ulacache_cli trace gen --profile multi-lexsum --num-requests 64 --seed 1 --out /tmp/tr --force \

@@ -148,7 +148,7 @@ class GpuExecutor(NumpyExecutor):
 
         lay = cache.layout()
         R = lay.num_ranks
-        self.lay, self.order = lay, list(range(R))
+        self.lay, self.order, self.exchange_kernel = lay, list(range(R)), "device"
         self.buf_owner = [np.full(lay.buffer_seg, -1, np.int64) for _ in range(R)]
         if cp.cuda.runtime.getDeviceCount() < R:
             raise ValueError(f"--ranks {R} needs {R} GPUs; this host has {cp.cuda.runtime.getDeviceCount()}")
@@ -206,6 +206,8 @@ class GpuExecutor(NumpyExecutor):
         for r, lst in enumerate(lists):  # untimed: upload the index lists and the new tokens' rows
             with cp.cuda.Device(r):
                 d = {"peers": {h: (cp.asarray(s), cp.asarray(t)) for h, (s, t, _) in lst["peers"].items()}}
+                if self.exchange_kernel == "grid":
+                    d["ex"] = (cp.asarray(lst["g"]), cp.asarray(lst["h"]), cp.asarray(lst["v"].astype(np.uint8)))
                 if lst["pend_rows"] is not None:
                     d["pend_h"] = cp.asarray(lst["pend_h"])
                     d["pend_rows"] = cp.asarray(lst["pend_rows"])
@@ -225,7 +227,12 @@ class GpuExecutor(NumpyExecutor):
             with cp.cuda.Device(r), s:
                 s.wait_event(e_acc)
                 starts[r] = ev(s)
-                self.dev.launch_exchange(self.gpu[r], self.host[r], r, self.rb)
+                if self.exchange_kernel == "grid":  # the calibration's kernel: grid sized by rows, lists on GPU r
+                    from ulacache.backends.cupy_copy import exchange_rows
+
+                    exchange_rows(self.gpu[r], self.host[r], *staged[r]["ex"], self.rb, unroll=4, stream=s)
+                else:
+                    self.dev.launch_exchange(self.gpu[r], self.host[r], r, self.rb)
                 d = staged[r]
                 if "pend_h" in d:
                     gather_rows(self.host[r], d["pend_rows"], d["pend_h"], d["pend_i"], self.rb, stream=s)

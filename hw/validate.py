@@ -141,6 +141,8 @@ def run(args) -> dict:
     ex = make_executor(args.backend, cache, rb)
     if getattr(args, "reverse_launch", False):  # diagnostic: enqueue the ranks' transfers last rank first
         ex.order = ex.order[::-1]
+    if getattr(args, "exchange_kernel", "device") != "device":  # diagnostic: the calibration's exchange kernel
+        ex.exchange_kernel = args.exchange_kernel
     all_addrs = np.concatenate(addrs)
     ex.write(all_addrs, cache.places(all_addrs), payload_rows(all_addrs, rb))
     allocated = [all_addrs]
@@ -174,7 +176,8 @@ def run(args) -> dict:
     out = {
         "date": utc_now(), "command": command_line(), "device": ex.facts(), "trace": args.trace, "ranks": R,
         "trace_meta": getattr(sel, "meta", {"generator": "hw.workload.Selector", "seed": 0}),
-        "mode": mode, "launch_order": list(getattr(ex, "order", [])), "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
+        "mode": mode, "launch_order": list(getattr(ex, "order", [])),
+        "exchange_kernel": getattr(ex, "exchange_kernel", None), "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
         "gpu_slots_per_rank": args.gpu_slots, "local_buffer_slots_per_rank": int(local) if mode == "tp" else 0,
         "calibration": str(calib) if calib else None,
         "node_model": {k: node.values.get(k) for k in HOST_CAP_KEYS},
