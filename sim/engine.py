@@ -52,6 +52,7 @@ class RunState:
     peak: dict = field(default_factory=dict)
     timeline: list = field(default_factory=list)
     rejected: int = 0
+    first_finish_step: int | None = None  # the first step a request completed in (the first refill follows it)
 
 
 NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0}
@@ -104,6 +105,7 @@ class Engine:
             self.runner = PolicyRunner(cfg, system, source, max_len, make_cache)
         self.group_layers = np.asarray(cfg.model.group_sizes(), dtype=float)
         self.state = RunState()
+        self._saturated = False
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -186,6 +188,7 @@ class Engine:
                 break
             if self.recorder is not None:
                 self.recorder.enabled = st.steps < trace_steps
+            self._saturated = bool(waiting)  # a request waits for room: every freed slot is refilled at once
             finished = self._step(running)
             for i in finished:
                 running.remove(i)
@@ -349,7 +352,11 @@ class Engine:
         st.max_concurrency = max(st.max_concurrency, b.n_total)
         st.concurrency_sum += b.n_total
         self._footprint(b.run)
+        finished = int((self.generated[b.run] >= self.out[b.run]).sum())
+        if st.first_finish_step is None and finished:
+            st.first_finish_step = st.steps - 1
         rec = {"step": st.steps - 1, "t_start_s": t_start, "step_s": step_s, "batch": b.n_total,
+               "saturated": self._saturated, "finished": finished,
                "tokens": int(acc.sum()), "history_tokens": int(b.hist.sum()),
                "h2d_rows": float(link_rows[0]), "d2h_rows": float(link_rows[1]), "peer_rows": float(link_rows[2]),
                "gpu_hit_rate": hits / unique if unique else 1.0}

@@ -73,10 +73,52 @@ def cache_factory(cfg: SimConfig, system, requests):
     return make
 
 
+def steady_window(timeline: list[dict], first_finish_step: int | None) -> np.ndarray:
+    """Steps of the steady state: from the first completion (its slot is refilled: the warm-up, with its cold
+    caches and every request at its prompt, is over) while requests still wait for room (the running concurrency is
+    held at the cap by refills; after the last admission the drain begins). Empty when nothing ever waited."""
+    if not timeline or first_finish_step is None:
+        return np.zeros(0, dtype=np.int64)
+    saturated = np.fromiter((r["saturated"] for r in timeline), dtype=bool, count=len(timeline))
+    steps = np.arange(len(timeline))
+    return steps[saturated & (steps > first_finish_step)]
+
+
+def throughput_and_tpot(engine: Engine) -> dict:
+    """Steady-state decode throughput and TPOT (DESIGN §8), the whole-run average beside them.
+
+    TPOT in the window: a step of `step_s` gives each running request its accepted tokens, so its time per output
+    token is step_s x batch / tokens; percentiles over the window's steps, each weighted by its batch. Without a
+    steady window (every request admitted at once, nothing refilled) the figures are the whole run's, per request."""
+    st = engine.state
+    tl = st.timeline
+    win = steady_window(tl, st.first_finish_step)
+    out = {"run_throughput_tok_s": st.tokens / st.busy_s if st.busy_s else 0.0, "steady_window_steps": int(win.size)}
+    if win.size:
+        step_s = np.array([tl[i]["step_s"] for i in win])
+        batch = np.array([tl[i]["batch"] for i in win], dtype=float)
+        tokens = np.array([tl[i]["tokens"] for i in win], dtype=float)
+        per_tok = step_s * batch / np.maximum(tokens, 1e-12) * 1e3
+        order = np.argsort(per_tok, kind="stable")
+        cum = np.cumsum(batch[order]) / batch.sum()
+        pick = lambda p: float(per_tok[order][min(np.searchsorted(cum, p), order.size - 1)])  # noqa: E731
+        return out | {"decode_throughput_tok_s": float(tokens.sum() / step_s.sum()),
+                      "tpot_ms_p50": pick(0.5), "tpot_ms_p90": pick(0.9),
+                      "tpot_ms_mean": float((step_s * batch).sum() / tokens.sum() * 1e3),
+                      "steady_mean_concurrency": float(batch.mean()), "tpot_source": "steady window"}
+    done = np.isfinite(engine.finish_s)
+    tpot = (engine.finish_s[done] - engine.admit_s[done]) / np.maximum(engine.out[done], 1) * 1e3
+    nan = float("nan")
+    return out | {"decode_throughput_tok_s": out["run_throughput_tok_s"],
+                  "tpot_ms_p50": float(np.median(tpot)) if tpot.size else nan,
+                  "tpot_ms_p90": float(np.percentile(tpot, 90)) if tpot.size else nan,
+                  "tpot_ms_mean": float(tpot.mean()) if tpot.size else nan,
+                  "steady_mean_concurrency": st.concurrency_sum / max(st.steps, 1), "tpot_source": "whole run"}
+
+
 def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, costs: CostModel) -> dict:
     st, cap = engine.state, system.capacity
     done = np.isfinite(engine.finish_s)
-    tpot = (engine.finish_s[done] - engine.admit_s[done]) / np.maximum(engine.out[done], 1) * 1e3
     tokens = max(st.tokens, 1.0)
     kv_tok = cfg.model.kv_bytes_per_token
     peak = st.peak or {"unique_slots": 0.0, "replica_slots": 0.0, "buffer_slots": 0.0, "physical_slots": 0.0,
@@ -92,10 +134,7 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "max_admitted_concurrency": int(st.max_concurrency),
         "mean_concurrency": st.concurrency_sum / max(st.steps, 1),
         "decode_tokens": float(st.tokens), "decode_time_s": st.busy_s, "makespan_s": float(engine.env.now),
-        "decode_throughput_tok_s": st.tokens / st.busy_s if st.busy_s else 0.0,
-        "tpot_ms_p50": float(np.median(tpot)) if tpot.size else float("nan"),
-        "tpot_ms_p90": float(np.percentile(tpot, 90)) if tpot.size else float("nan"),
-        "tpot_ms_mean": float(tpot.mean()) if tpot.size else float("nan"),
+        **throughput_and_tpot(engine),
         "step_ms_mean": st.busy_s / max(st.steps, 1) * 1e3,
         "gpu_hit_rate": st.hits / st.unique if st.unique else 1.0,
         "unique_ref_fraction": st.unique / st.refs if st.refs else 1.0,
@@ -125,6 +164,7 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "cap_logical_tokens": cap.logical_tokens_per_space * cap.num_spaces,
         "kv_bytes_per_token": kv_tok, "index_bytes_per_token": cfg.model.index_bytes_per_token,
         "policy_groups_simulated": len(runner.groups) if runner else 0,
+        "policy_group_ids": [int(g) for g in runner.groups] if runner else [],
         "request_sample_stride": runner.k if runner else 1,
         "policy_calls": runner.policy_calls if runner else 0,
         "policy_batch_splits": runner.capacity_splits if runner else 0,
