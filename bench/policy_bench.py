@@ -29,7 +29,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# ULACACHE_BENCH_LIB=DIR measures another copy of the package (e.g. `git archive` of an older commit) for "before".
+sys.path.insert(0, os.environ.get("ULACACHE_BENCH_LIB") or str(Path(__file__).resolve().parents[1]))
 from ulacache import CacheConfig, UlaCache  # noqa: E402
 from ulacache.workload import LocalityWorkload  # noqa: E402
 
@@ -138,6 +139,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5, help="fresh caches per policy (medians reported)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    load_before = os.getloadavg()
     scale = 10 if args.quick else 1
     gpu, cpu, num_req = 1_000_000 // scale, 10_000_000 // scale, 256 // scale
     if args.profile:
@@ -175,6 +177,8 @@ def main() -> int:
         "command": " ".join([".venv/bin/python", *sys.argv]),
         "machine": {"platform": platform.platform(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "numpy": np.__version__, "threads": 1},
+        "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+        "library": os.environ.get("ULACACHE_BENCH_LIB") or "this checkout",
         "config": {"gpu_slots": gpu, "cpu_slots": cpu, "num_requests": num_req, "query_tokens": 4, "top_k": 2048,
                    "candidates_per_request": 3600, "backend": "numpy", "quick": args.quick},
         "runs": runs,

@@ -41,6 +41,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.environ.get("ULACACHE_BENCH_LIB") or str(Path(__file__).resolve().parents[1]))
 from ulacache import CacheConfig, UlaCache  # noqa: E402
 
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+from policy_bench import batch  # noqa: E402  (the same batch shape: each query token picks k candidates)
+
 OUT = Path(__file__).resolve().parent / "results" / "pool_scale.json"
 SMALL, LARGE = (200_000, 2_000_000), (6_400_000, 64_000_000)
 # The figures this benchmark replaces (issue 10, measured on main before the refactor).
@@ -63,13 +66,6 @@ def cands(rng, hist: int, num_req: int, size: int, prev: np.ndarray | None, keep
         fresh = fresh[~np.isin(fresh, prev[i])][: size - n_keep]
         out[i] = np.concatenate([prev[i, :n_keep], fresh])
     return rng.permuted(out, axis=1)
-
-
-def batch(rng, addrs: np.ndarray, cand: np.ndarray, q: int, k: int) -> np.ndarray:
-    num_req, size = cand.shape
-    pick = rng.random((num_req, q, size)).argsort(axis=2)[:, :, :k]
-    pos = np.take_along_axis(np.broadcast_to(cand[:, None, :], (num_req, q, size)), pick, axis=2)
-    return np.take_along_axis(addrs, pos.reshape(num_req, -1), axis=1).reshape(num_req, q, k)
 
 
 def build_s(cfg: CacheConfig) -> float:
@@ -171,6 +167,7 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "threads": 1},
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+        "library": os.environ.get("ULACACHE_BENCH_LIB") or "this checkout",
         "pools": {"small": SMALL, "large": LARGE}, "trials": args.trials,
         "targets": {"ratio": 1.3, "build_s": 0.1},
         "replaces": REPLACES,

@@ -58,9 +58,9 @@ class LocalBuffers:
         self.maps = slot_map.fits(self.maps, self.slots, self.dense_limit)
 
     def plan(self, plan: Plan, old_places: np.ndarray) -> None:
-        """Every rank's buffer look-up and replacement at once: one (ranks x addresses) gather of the maps."""
+        """Every rank looks up the entries homed elsewhere (two slices of the ascending batch) in its map."""
         be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
-        bounds = np.searchsorted(uniq, np.arange(R + 1, dtype=np.int64) * self.slots_per_rank)  # home slices
+        bounds = np.searchsorted(uniq, np.arange(R + 1, dtype=np.int64) * self.slots_per_rank).tolist()  # homes
         remote = uniq.size - np.diff(bounds)
         over = np.flatnonzero(remote > self.slots)
         if over.size:
@@ -68,15 +68,19 @@ class LocalBuffers:
             raise CapacityError(
                 f"TP rank {r} needs {int(remote[r])} remote entries in one batch; its local buffer holds {self.slots}"
             )
-        bs = self.maps.get_all(uniq)  # (R, U): a rank never holds a copy of an entry homed on it
-        miss = bs < 0
-        for r in range(R):  # loop over ranks: entries homed on rank r are read from its own pool
-            miss[r, bounds[r]:bounds[r + 1]] = False
-        hr, hi = _nonzero_rows(bs >= 0)  # grouped by rank, ascending address within a rank
-        hit_places = bs[hr, hi].astype(np.int64) + hr * self.seg
-        miss_rank, miss_idx = _nonzero_rows(miss)
-        counts = np.bincount(miss_rank, minlength=R).astype(np.int64)
-        miss_addrs = uniq.take(miss_idx)
+        uix = self.space.index(uniq)
+        hits, miss_idx, counts = [], [], np.zeros(R, dtype=np.int64)
+        for r in range(R):  # loop over ranks; per rank, slices [0, lo) and [hi, U) (views, no index arrays)
+            for off, end in ((0, bounds[r]), (bounds[r + 1], uniq.size)):
+                bs = self.maps.lookup(r, uniq[off:end], uix[off:end])
+                held = bs >= 0
+                hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
+                m = np.flatnonzero(~held)
+                miss_idx.append(m + off if off else m)
+                counts[r] += m.size
+        hit_places, miss_idx = np.concatenate(hits), np.concatenate(miss_idx)
+        miss_rank = np.repeat(np.arange(R, dtype=np.int64), counts)
+        miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
         pool.reserve(counts)  # any storage growth before positions are taken
         hit_idx = pool.idx(hit_places)
         dest_idx, _ = pool.select_free_then_lru(be, counts, hit_idx)
@@ -93,9 +97,12 @@ class LocalBuffers:
 
     def commit(self, plan: Plan) -> None:
         st, pool = plan.buffer_state, self.pool
-        v = np.flatnonzero(st.victims >= 0)  # a victim is held by its rank, so never one of that rank's misses
-        self.maps.delete(st.miss_rank.take(v), st.victims.take(v))
-        self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg)
+        ends = np.cumsum(st.counts).tolist()
+        for r in range(self.R):  # loop over ranks: each rank's misses, dests and victims are one slice
+            sl = slice(ends[r] - int(st.counts[r]), ends[r])
+            v = st.victims[sl]
+            self.maps.delete_rank(r, v.take(np.flatnonzero(v >= 0)))  # held by rank r: never one of its misses
+            self.maps.set_rank(r, st.miss_addrs[sl], st.dests[sl] - r * self.seg)
         pool.own[st.dest_idx] = st.miss_addrs
         pool.stamp[st.hit_idx] = plan.now
         pool.stamp[st.dest_idx] = plan.now

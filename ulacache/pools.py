@@ -33,8 +33,10 @@ def pack_summary(nonzero: np.ndarray) -> np.ndarray:
 def merge_by_rank(parts: list[np.ndarray], found: list[np.ndarray]) -> np.ndarray:
     """Concatenate arrays each grouped by rank (found[k][r] items of rank r in parts[k]) into one grouped by rank,
     part order kept within a rank (what a stable sort by rank gives, without the sort)."""
-    if len(parts) == 1 or found[0].size == 1:
-        return np.concatenate(parts)
+    keep = [k for k, p in enumerate(parts) if p.size]
+    if len(keep) <= 1 or found[0].size == 1:
+        return np.concatenate(parts) if len(keep) != 1 else parts[keep[0]]
+    parts, found = [parts[k] for k in keep], [found[k] for k in keep]
     f = np.stack(found)  # (parts, R)
     start = np.cumsum(f.sum(axis=0)) - f.sum(axis=0)  # first position of each rank
     before = np.cumsum(f, axis=0) - f  # items of the rank in earlier parts

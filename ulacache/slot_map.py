@@ -43,12 +43,22 @@ class DenseSlotMaps:
     def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
         return self.table[r].take(self.space.index(addrs)).astype(np.int64)
 
+    def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
+        """get(r, addrs) given the addresses' storage positions `ix` too (no translation)."""
+        return self.table[r].take(ix)
+
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
         """Insert absent keys (rank, address) -> slot."""
         self.table[ranks, self.space.index(addrs)] = slots
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
         self.table[ranks, self.space.index(addrs)] = -1
+
+    def set_rank(self, r: int, addrs: np.ndarray, slots: np.ndarray) -> None:
+        self.table[r][self.space.index(addrs)] = slots
+
+    def delete_rank(self, r: int, addrs: np.ndarray) -> None:
+        self.table[r][self.space.index(addrs)] = -1
 
     def items(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         """Rank r's (addresses ascending, slots)."""
@@ -157,6 +167,9 @@ class HashSlotMaps:
     def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
         return self.maps[r].get(addrs)
 
+    def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
+        return self.maps[r].get(addrs)
+
     def _by_rank(self, ranks: np.ndarray):
         for r in np.unique(ranks).tolist():  # loop over ranks
             yield r, np.flatnonzero(ranks == r)
@@ -168,6 +181,12 @@ class HashSlotMaps:
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
         for r, i in self._by_rank(ranks):
             self.maps[r].delete(addrs.take(i))
+
+    def set_rank(self, r: int, addrs: np.ndarray, slots: np.ndarray) -> None:
+        self.maps[r].set(addrs, slots)
+
+    def delete_rank(self, r: int, addrs: np.ndarray) -> None:
+        self.maps[r].delete(addrs)
 
     def items(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         return self.maps[r].items()
