@@ -104,6 +104,33 @@ def median_runs(fn, trials: int) -> dict:
     return out
 
 
+def figures(res: dict) -> dict:
+    """The headline figures of a result (for before/after comparisons)."""
+    out = {f"build_{k}_s": v for k, v in res.get("build_s", {}).items()}
+    for part in ("resident", "misses"):
+        p = res.get(part, {})
+        out.update({f"{part}_{k}": p[k] for k in ("ratio_access", "ratio_access_cpu", "ratio_access_commit_cpu")
+                    if k in p})
+        for name, r in p.items():
+            if isinstance(r, dict):
+                out[f"{part}_{name}_access_cpu_ms"] = r.get("access_cpu_s", float("nan")) * 1e3
+    for name, r in res.get("tp4", {}).items():
+        out[f"tp4_{name}_access_commit_s"] = r["access_commit_s"]
+        out[f"tp4_{name}_access_commit_cpu_s"] = r.get("access_commit_cpu_s")
+    out["peak_rss_mb"] = max(res.get("rss_mb", {0: 0}).values())
+    return out
+
+
+def before_figures() -> dict:
+    """Figures of the same benchmark run on the library before issue 10 (results/pool_scale_before_issue10.json)."""
+    path = OUT.parent / "pool_scale_before_issue10.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {"file": str(path.relative_to(OUT.parents[2])), "date": data["date"], "library": data.get("library"),
+            "load_avg_before": data.get("load_avg_before"), **figures(data)}
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -171,8 +198,10 @@ def main() -> int:
         "pools": {"small": SMALL, "large": LARGE}, "trials": args.trials,
         "targets": {"ratio": 1.3, "build_s": 0.1},
         "replaces": REPLACES,
+        "replaces_measured": before_figures(),
         **res,
     }
+    result["figures"] = figures(res)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
