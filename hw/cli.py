@@ -58,9 +58,10 @@ def register(subparsers) -> None:
                    help="cupy: real GPU run; numpy: CPU dry run of the same logic (no timings)")
     v.add_argument("--reverse-launch", action="store_true",
                    help="diagnostic: enqueue the ranks' transfers last rank first (does a rank's time follow order?)")
-    v.add_argument("--exchange-kernel", choices=("device", "grid"), default="device",
-                   help="device: the pipeline's exchange from its device lists (persistent grid); grid: the "
-                        "calibration's exchange_rows with per-rank lists uploaded first (diagnostic)")
+    v.add_argument("--exchange-kernel", choices=("device", "grid"), default=None,
+                   help="device: the pipeline's exchange from its device lists (GPU r > 0 copies its slice from GPU "
+                        "0 first); grid: the calibrated exchange_rows with each rank's lists on its GPU (as a "
+                        "per-rank deployment has them). Default: device with one rank, grid with several")
     v.add_argument("--out", default="validate.json", help="JSON file to write")
     v.set_defaults(func=_validate)
 

@@ -5,7 +5,8 @@
 # Usage on the device machine: bash hw/device_run.sh "tests hisparse calibrate validate validate_trace" [NUM_GPUS]
 #   NUM_GPUS (default: every visible GPU): multi-GPU steps run DP-N and TP-N (and TP-2 .. TP-N/2 when N > 2).
 # Steps: tests | bench | hisparse | calibrate (merges hisparse's keys when its JSON is there) | validate (synthetic)
-#        | validate_diag (DP-N with the ranks' transfers enqueued in reverse) | validate_trace (multi-lexsum profile
+#        | validate_diag (DP-N with the ranks' transfers enqueued in reverse; with the device-list exchange)
+#        | validate_trace (multi-lexsum profile
 #        trace, 64 requests, histories capped at 32K)
 set -uo pipefail
 OUT=${OUT:-out/device}
@@ -37,7 +38,7 @@ for step in ${1:-tests bench}; do
       for r in $(tp_sizes); do v synthetic --ranks "$r" --mode tp --out "$OUT/v/validate_tp$r.json"; done ;;
     validate_diag)  # does a rank's exchange time follow the launch order or the GPU? (DP-N, last rank first)
       [ "$N" -ge 2 ] && v synthetic --ranks "$N" --mode dp --reverse-launch --out "$OUT/v/validate_dp${N}_reverse.json"
-      [ "$N" -ge 2 ] && v synthetic --ranks "$N" --mode dp --exchange-kernel grid --out "$OUT/v/validate_dp${N}_grid.json"
+      [ "$N" -ge 2 ] && v synthetic --ranks "$N" --mode dp --exchange-kernel device --out "$OUT/v/validate_dp${N}_device.json"
       ;;
     validate_trace)
       python3 -m ulacache_cli trace gen --profile multi-lexsum --num-requests 64 --seed 1 --out /tmp/tr --force \

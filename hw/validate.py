@@ -141,8 +141,8 @@ def run(args) -> dict:
     ex = make_executor(args.backend, cache, rb)
     if getattr(args, "reverse_launch", False):  # diagnostic: enqueue the ranks' transfers last rank first
         ex.order = ex.order[::-1]
-    if getattr(args, "exchange_kernel", "device") != "device":  # diagnostic: the calibration's exchange kernel
-        ex.exchange_kernel = args.exchange_kernel
+    if hasattr(ex, "exchange_kernel"):  # the twin keeps every rank's lists on GPU 0: several ranks use local lists
+        ex.exchange_kernel = getattr(args, "exchange_kernel", None) or ("grid" if R > 1 else "device")
     all_addrs = np.concatenate(addrs)
     ex.write(all_addrs, cache.places(all_addrs), payload_rows(all_addrs, rb))
     allocated = [all_addrs]
