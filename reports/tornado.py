@@ -1,5 +1,5 @@
-"""Tornado figure of a `ulacache sensitivity` table: for each assumed constant (sorted by how far it moves peak
-throughput), bars from its 0.5x to its 1.5x change of throughput, TPOT and admitted concurrency. Reads result files
+"""Tornado figure of a `ulacache sensitivity` table: for each assumed constant (sorted by the largest change it
+causes in any of the three figures), bars from its 0.5x to its 1.5x change of throughput, TPOT and admitted concurrency. Reads result files
 only (`sensitivity.parquet` or `.csv`, and `sensitivity.json` for the base figures)."""
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def load(d: Path) -> tuple[pd.DataFrame, dict]:
 
 
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per constant: low (0.5x) and high (1.5x) change of each metric, most influential first."""
+    """One row per constant: low (0.5x) and high (1.5x) change of each metric, the largest change in any first."""
     lo = df[df["factor"] < 1].set_index("constant")
     hi = df[df["factor"] > 1].set_index("constant")
     out = pd.DataFrame(index=sorted(set(lo.index) | set(hi.index)))
@@ -59,7 +59,7 @@ def ranked(df: pd.DataFrame) -> pd.DataFrame:
         out[f"{col}_high"] = hi[col].reindex(out.index)
     span = out[[f"{c}_{s}" for c, _ in PANELS for s in ("low", "high")]].abs().max(axis=1)
     thr = out[["d_throughput_tok_s_pct_low", "d_throughput_tok_s_pct_high"]].abs().max(axis=1)
-    return out.assign(_thr=thr, _span=span).sort_values(["_thr", "_span"], ascending=False).drop(
+    return out.assign(_thr=thr, _span=span).sort_values(["_span", "_thr"], ascending=False).drop(
         columns=["_thr", "_span"])
 
 
