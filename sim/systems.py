@@ -221,14 +221,19 @@ class HiSparse(System):
         h = self.cfg.hisparse
         spaces, ranks = self.spaces()
         ratio = h["host_to_device_ratio"]
-        device = self.budget.gpu_kv_bytes_per_gpu / (self.kv_tok + ratio * self.ix_tok)
-        logical = min(ratio * device, self.budget.cpu_kv_bytes_per_gpu / self.kv_tok)
+        bg, host = self.budget.gpu_kv_bytes_per_gpu, self.budget.cpu_kv_bytes_per_gpu / self.kv_tok
+        # the index buffer covers the logical pool: ratio x device slots, or the host pool when that is smaller
+        # (then the GPU bytes the index keys would have taken beyond it go to the device pool)
+        device = bg / (self.kv_tok + ratio * self.ix_tok)
+        if ratio * device > host:
+            device = (bg - host * self.ix_tok) / self.kv_tok
+        logical = min(ratio * device, host)
         per_request = h["device_buffer_slots"] + h["page_slots"]
         max_running = h["max_running_requests"] or INF
         return Capacity(spaces, ranks, logical, reserve_slots_per_request=per_request,
                         reserve_capacity_per_space=device, max_requests_per_space=max_running,
                         history_copies=ranks, gpu_pool_slots=int(device), cpu_pool_slots=int(logical),
-                        device_buffer_slots=h["device_buffer_slots"], static_index_slots_per_rank=ratio * device,
+                        device_buffer_slots=h["device_buffer_slots"], static_index_slots_per_rank=logical,
                         notes={"device_tokens_per_rank": device, "logical_tokens_per_rank": logical})
 
     def index_key_bytes(self, unique_tokens: float) -> float:

@@ -65,3 +65,16 @@ def test_dp_attention_replicates_attention_weights():
 def test_budget_that_cannot_hold_the_weights():
     with pytest.raises(ValueError, match="cannot hold the weights"):
         _system(hardware__num_gpus=4)
+
+
+@pytest.mark.parametrize("cpu_gb", [4.0, 400.0])
+def test_hisparse_index_keys_cover_its_logical_pool(cpu_gb):
+    """SGLang's index buffer is device x ratio; where the host pool caps the logical pool below that, the keys cover
+    only the host pool and the GPU bytes left over go to the device pool; the GPU budget is used exactly."""
+    s, cfg = _system(system="hisparse", hardware__preset="b300", memory__cpu_kv_bytes_per_gpu=cpu_gb * 1e9)
+    cap = s.capacity
+    assert cap.static_index_slots_per_rank == pytest.approx(cap.logical_tokens_per_space)
+    assert cap.logical_tokens_per_space <= cfg.hisparse["host_to_device_ratio"] * cap.gpu_pool_slots + 1
+    assert cap.logical_tokens_per_space <= cpu_gb * 1e9 / s.kv_tok * (1 + 1e-9)
+    used = cap.gpu_pool_slots * s.kv_tok + cap.static_index_slots_per_rank * s.ix_tok
+    assert used == pytest.approx(s.budget.gpu_kv_bytes_per_gpu, rel=1e-4)
