@@ -23,6 +23,11 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and (TMP_MARK in name or OLD_MARK in name)
 
 
+def _absolute(path) -> Path:
+    """Absolute and normalised ('out/.', 'a/../b' get a real name), without resolving symlinks."""
+    return Path(os.path.abspath(path))
+
+
 def _sibling(path: Path, mark: str) -> Path:
     return path.with_name(f".{path.name}{mark}{os.getpid()}-{secrets.token_hex(4)}")
 
@@ -84,6 +89,8 @@ def check_out_path(path, force: bool, owns: Callable[[Path], bool] | None = None
     a directory that `owns` recognises as an earlier output of the same kind. Raises OSError/ValueError.
     """
     path = Path(path)
+    if not _absolute(path).name:
+        raise ValueError(f"{path}: not usable as an output directory (give a directory name)")
     if path.is_symlink() and not path.exists():
         raise OSError(f"{path}: is a broken link")
     if path.exists():
@@ -110,7 +117,7 @@ class StagedDir:
     """
 
     def __init__(self, final):
-        self.final = Path(final)
+        self.final = _absolute(final)
         self.path: Path | None = None
         self._made: list[Path] = []
         self.published = False
@@ -174,7 +181,7 @@ class StagedFile:
     """Like StagedDir for one output file: `path` is the temporary name; `publish()` renames it onto `final`."""
 
     def __init__(self, final):
-        self.final = Path(final)
+        self.final = _absolute(final)
         self.path = _sibling(self.final, TMP_MARK)
         self._made: list[Path] = []
         self.published = False
