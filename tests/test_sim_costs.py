@@ -259,3 +259,17 @@ def test_prefill_chunk_cost():
     # a 64K-token prompt in 8K chunks takes tenths of a second to seconds on 8 H200 (not microseconds, not minutes)
     total = sum(cm.prefill_chunk_s(8192, c, 8, False) for c in range(0, 65536, 8192))
     assert 0.1 < total < 10.0
+
+
+def test_replay_uses_the_calibration_by_default_and_none_on_request():
+    import sim
+
+    cfg = {"system": "sglang", "attention": "tp", "model": {"preset": "glm-5.2"},
+           "workload": {"num_requests": 1, "max_concurrency": 1, "seed": 1, "max_steps": 3}}
+    calibrated = sim.replay(cfg, None)
+    bare = sim.replay(cfg, None, calibration="none")
+    graphs_off = sim.replay(cfg, None, overrides=["costs.cuda_graphs=0"])
+    assert calibrated["cost_model"]["calibration"] == "hw/calibration/h200.yaml"
+    assert bare["cost_model"]["calibration"] is None
+    # eager launches cost ~4 us per kernel more, on every layer: the batch-1 step is several ms slower
+    assert graphs_off["step_ms_mean"] - calibrated["step_ms_mean"] > 2.0
