@@ -276,13 +276,26 @@ class ResultsTable:
         self.dir = Path(sweep_dir)
         self.grid_keys = list(grid_keys)
         self.rows: dict[str, dict] = {}
-        parquet = self.dir / f"{RESULTS_NAME}.parquet"
-        if parquet.exists():
-            import pandas as pd
+        for row in self._read_existing():
+            clean = {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+            self.rows[str(row["point_id"])] = clean
 
-            for row in pd.read_parquet(parquet).to_dict("records"):
-                clean = {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
-                self.rows[str(row["point_id"])] = clean
+    def _read_existing(self) -> list[dict]:
+        """Rows of an earlier run: results.parquet, else the results.csv beside it (one damaged copy is not fatal)."""
+        import pandas as pd
+
+        parquet, csv = self.dir / f"{RESULTS_NAME}.parquet", self.dir / f"{RESULTS_NAME}.csv"
+        for path, read in ((parquet, pd.read_parquet), (csv, lambda p: pd.read_csv(p, dtype={"point_id": str}))):
+            if path.exists():
+                try:
+                    df = read(path)
+                except Exception:  # noqa: BLE001 - try the other copy
+                    continue
+                if "point_id" in df.columns:
+                    return df.to_dict("records")
+        if parquet.exists() or csv.exists():
+            raise ValueError(f"{self.dir}: results table unreadable ({parquet.name} and {csv.name} both damaged)")
+        return []
 
     def status(self, pid: str) -> str | None:
         row = self.rows.get(pid)
@@ -424,9 +437,8 @@ def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (),
     meta = {"config": str(config_path.resolve()), "grid": grid, "set": list(sets),
             "grid_keys": list(dict.fromkeys(list(previous.get("grid_keys", [])) + list(grid))),
             "points": list(known.values())}
+    table = ResultsTable(sweep_dir, meta["grid_keys"])  # an unreadable table refuses before anything is written
     _atomic_write(sweep_dir / "sweep.yaml", lambda p: p.write_text(yaml.safe_dump(meta, sort_keys=False)))
-
-    table = ResultsTable(sweep_dir, meta["grid_keys"])
     todo = []
     for point in points:
         if table.status(point.point_id) == "ok":

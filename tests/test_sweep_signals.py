@@ -103,3 +103,24 @@ def test_killed_point_on_ray_is_named_too(base, tmp_path, monkeypatch):
     assert len(df) == 4 and set(dead["status"]) == {"error"}
     assert all("killed by SIGKILL" in e for e in dead["error"]), list(dead["error"])
     assert set(df[df["die"] != "SIGKILL"]["status"]) == {"ok"}
+
+
+def test_resume_reads_the_csv_when_the_parquet_is_damaged(base, tmp_path):
+    grid = parse_grid(["system=sglang,hisparse"])
+    run_sweep(base, grid, tmp_path / "s", replay_fn=replay_or_die, resolve=resolve)
+    (tmp_path / "s" / "results.parquet").write_bytes(b"PAR1 damaged")
+    calls = []
+
+    def counting(config, out_dir):
+        calls.append(config["system"])
+        return replay_or_die(config, out_dir)
+
+    grid = parse_grid(["system=sglang,hisparse,ulacache"])
+    df = run_sweep(base, grid, tmp_path / "s", replay_fn=counting, resolve=resolve, resume=True)
+    assert calls == ["ulacache"] and len(df) == 3 and set(df["status"]) == {"ok"}
+    (tmp_path / "s" / "results.parquet").write_bytes(b"PAR1 damaged")
+    (tmp_path / "s" / "results.csv").write_bytes(b"\x00\x01")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match="results table unreadable"):
+        run_sweep(base, grid, tmp_path / "s", replay_fn=counting, resolve=resolve, resume=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()} == before
