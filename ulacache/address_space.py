@@ -3,7 +3,8 @@
 Address `a` belongs to home rank `a // slots_per_rank`: in DP that is the request's rank, in TP the rank whose pools
 store the entry. A place is one int64 over all tiers: GPU places [0, num_gpu_places) (rank r's GPU slot s is
 r * gpu_seg + s), then CPU places (rank r's CPU slot c is num_gpu_places + r * cpu_slots + c), then TP local-buffer
-places. `phys[a]` is the entry's current place, -1 when `a` is not allocated.
+places (layout.PlaceLayout). `places(a)` is the entry's current place; the table behind it holds rows only for the
+addresses handed out (pools.RankRows), so its memory follows the allocated history, not the budget.
 """
 from __future__ import annotations
 

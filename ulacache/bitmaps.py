@@ -7,9 +7,11 @@ and cleared. Eviction order (DESIGN §3): cold, then recent buckets oldest -> ne
 candidate.
 
 The bitmaps cover the GPU pool's storage (pools.Pool: rows per rank, grown with the slots in use) and keep their
-summaries current: every write refreshes the non-zero flag of the 64-slot words it touched (the flags are the
-hierarchical summary, one per word), so a candidate search packs the flags and reads only the words they name,
-and rotation moves only the non-zero words of the row. Member counts per bucket let the search skip empty buckets.
+summaries (one flag per 64-slot word: the hierarchical summary) current as they are written, so a candidate search
+packs the flags and reads only the words they name, and rotation moves only the non-zero words of the row. A set
+raises its words' flags; a clear leaves them up (a flagged empty word yields no candidate, so searches are exact)
+and counts them, and the flags are recomputed once the cleared slots outnumber the words (amortized O(1) per write,
+no pass per search). Member counts per bucket let the search skip empty buckets.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class BucketBitmaps:
         self.cold_nz = np.zeros(words, dtype=bool)
         # Members per bucket (ring rows, then cold): lets the candidate search skip empty buckets without a scan.
         self.count = np.zeros(num_recent + 2, dtype=np.int64)
+        self.cleared = np.zeros(num_recent + 2, dtype=np.int64)  # slots cleared since the flags were recomputed
         pool.listeners.append(self._grow)
 
     def _grow(self, old: int) -> None:
@@ -49,6 +52,7 @@ class BucketBitmaps:
             ring[w] = 0
             self.cold_nz[w] = True
             self.ring_nz[i, w] = False
+            self.cleared[i] = 0
             self.count[-1] += self.count[i]
             self.count[i] = 0
 
@@ -56,16 +60,21 @@ class BucketBitmaps:
         return (self.cold_bits, self.cold_nz) if kind == "cold" else (self.ring_bits[row], self.ring_nz[row])
 
     def _store(self, kind: str, row: int, bitmap: np.ndarray, slots: np.ndarray, delta: int) -> None:
-        """Install the bitmap after a write of `slots`, refresh the touched words' summary flags, count members."""
-        w = slots >> 6
+        """Install the bitmap after a write of `slots` (delta > 0: set), keep its summary flags, count members."""
+        i = -1 if kind == "cold" else row
         if kind == "cold":
             self.cold_bits = bitmap
-            self.cold_nz[w] = bitmap.view("<u8")[w] != 0
-            self.count[-1] += delta
         else:
             self.ring_bits[row] = bitmap
-            self.ring_nz[row, w] = self.ring_bits[row].view("<u8")[w] != 0
-            self.count[row] += delta
+        nz = self._bits(kind, row)[1]
+        if delta > 0:
+            nz[slots >> 6] = True
+        else:
+            self.cleared[i] -= delta
+            if self.cleared[i] > nz.size:  # recompute the flags (O(words), after at least as many clears)
+                nz[:] = self._bits(kind, row)[0].view("<u8") != 0
+                self.cleared[i] = 0
+        self.count[i] += delta
 
     def _write(self, be, age: int, now: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear

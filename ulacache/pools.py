@@ -126,7 +126,8 @@ class Pool:
     """R ranks x `slots` slots; rank r's slot s is place base + r * seg + s (seg = slots padded to 64).
 
     Storage (by `idx`, see RankRows): `own` (address, -1 free), `stamp` (last-touch step), `free` (free bitmap,
-    bits of padding slots never set) with `free_nz` (its non-zero words). `owner`, `stamps`, `free_bm` are dense
+    bits of padding slots never set) with `free_nz` (flags covering its non-zero words, kept like the bucket
+    summaries in bitmaps.py: raised by a set, recomputed after as many clears as words). `owner`, `stamps`, `free_bm` are dense
     copies over all R * seg places (for snapshots). `num_free` are the committed free
     counts per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
@@ -138,6 +139,7 @@ class Pool:
         self.stamp = np.zeros(0, dtype=np.int64)
         self.free = np.zeros(0, dtype=np.uint8)
         self.free_nz = np.zeros(0, dtype=bool)
+        self.cleared = 0
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
         self.in_use = np.zeros(num_ranks, dtype=np.int64)
         self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
@@ -183,8 +185,13 @@ class Pool:
     def _write_free(self, be, idx: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear
         self.free = be.to_numpy(op(be.asarray(self.free), be.asarray(idx)))
-        w = idx >> 6
-        self.free_nz[w] = self.free.view("<u8")[w] != 0
+        if value:
+            self.free_nz[idx >> 6] = True
+        else:
+            self.cleared += idx.size
+            if self.cleared > self.free_nz.size:
+                self.free_nz[:] = self.free.view("<u8") != 0
+                self.cleared = 0
 
     def take_free(self, be, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min(counts[r], free) lowest free slots of each rank, as storage idx grouped by rank; and found[r]."""
@@ -256,7 +263,7 @@ class Pool:
         valid = self.valid()
         require(not (self.own[~valid] >= 0).any(), f"{what} padding slot used")
         require((free_bits == (valid & (self.own < 0))).all(), f"{what} free bitmap disagrees with owners")
-        require((self.free_nz == (self.free.view("<u8") != 0)).all(), f"{what} free summary is stale")
+        require(not ((self.free.view("<u8") != 0) & ~self.free_nz).any(), f"{what} free summary misses a word")
         used = np.bincount(self.rank_of_idx(np.flatnonzero(self.own >= 0)), minlength=self.R)
         require((used == self.in_use).all(), f"{what} in-use count drifted")
 
