@@ -197,6 +197,10 @@ def _attempt(replay_fn: ReplayFn, config: dict, path: Path) -> dict:
         if not isinstance(metrics, dict):
             raise TypeError(f"replay returned {type(metrics).__name__}, expected a metrics dict")
         return {"status": "ok", "error": "", "metrics": _plain(metrics)}
+    except MemoryError:
+        return {"status": "error", "metrics": {}, "error": "MemoryError: out of memory; lower workload.num_requests "
+                "or workload.max_concurrency, or sample more coarsely (fidelity.request_fraction, "
+                "fidelity.policy_groups)"}
     except Exception as exc:  # noqa: BLE001 - failure isolation is the point
         return {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {}}
 

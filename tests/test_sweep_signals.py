@@ -124,3 +124,11 @@ def test_resume_reads_the_csv_when_the_parquet_is_damaged(base, tmp_path):
     with pytest.raises(ValueError, match="results table unreadable"):
         run_sweep(base, grid, tmp_path / "s", replay_fn=counting, resolve=resolve, resume=True)
     assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()} == before
+
+
+def test_memory_error_in_a_point_names_the_knobs(tmp_path):
+    def oom(config, out_dir):
+        raise MemoryError()
+
+    out = run_point(oom, {"system": "x"}, str(tmp_path / "p"))
+    assert out["status"] == "error" and "out of memory" in out["error"] and "workload.num_requests" in out["error"]
