@@ -206,6 +206,11 @@ def _attempt(replay_fn: ReplayFn, config: dict, path: Path) -> dict:
 
 
 def _child(conn, replay_fn: ReplayFn, config: dict, path: Path) -> None:
+    import sys
+
+    # fresh stdout/stderr objects: a parent thread (the progress bar) may have held their locks at the fork
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
     outcome = _attempt(replay_fn, config, path)
     outcome["point_cpu_s"] = time.process_time()
     conn.send(outcome)
