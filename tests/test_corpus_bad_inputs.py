@@ -219,6 +219,8 @@ CASES = [
      "--query-tokens must be in [1, 16]"),
     ("trace-inspect-negative-seed", ["trace", "inspect", "{ws}/trace", "--seed", "-1"], "--seed must be in [0,"),
     # ---- trace gen
+    ("gen-capture-steps-1e5", ["trace", "gen", "--num-requests", "100", "--capture-steps", "100000", "--out",
+                               "{ws}/t"], "lower --capture-steps"),
     ("gen-1e5-query-tokens", gen("--num-requests", "2", "--capture-steps", "2", "--query-tokens", "100000"),
      "--query-tokens must be in [1, 16]"),
     ("gen-zero-requests", gen("--num-requests", "0"), "--num-requests must be in [1, 1,000,000]"),

@@ -15,6 +15,9 @@ from traces.trace import check_out_dir, open_trace, write_meta, write_trace
 from traces.workload import MAX_REQUESTS, check_seed, generate_requests, import_requests, load_profile
 
 DEFAULT_MODEL = "glm-5.2"
+# Positions a materialized capture may hold: ~1e9 is already a GB-scale file and minutes of generation; beyond it
+# `--capture-steps` is a typo (synthetic selections need not be stored at all: they regenerate from the seed).
+MAX_CAPTURE_POSITIONS = 1_000_000_000
 
 
 def generate_trace(out, profile="multi-lexsum", num_requests: int | None = None, seed: int = 0,
@@ -50,6 +53,13 @@ def generate_trace(out, profile="multi-lexsum", num_requests: int | None = None,
             raise TraceError("--num-requests is required (or give --from-csv)")
         requests = generate_requests(prof, num_requests, seed, arrival=arrival, rate_per_s=rate_per_s)
     spec = SelectionSpec.from_dict({**prof.selections, "num_groups": num_groups}, f"profile {prof.name}: selections")
+    if capture_steps > 0:  # the same per-request step count capture_from_source materializes
+        steps = np.minimum(capture_steps, np.maximum(requests["output_tokens"].to_numpy(np.int64), 1))
+        positions = float(steps.sum()) * num_groups * capture_query_tokens * spec.top_k
+        if positions > MAX_CAPTURE_POSITIONS:
+            raise TraceError(f"--capture-steps {capture_steps:,} would store ~{positions:.2g} selected positions "
+                             f"(limit {MAX_CAPTURE_POSITIONS:.0e}); lower --capture-steps, --query-tokens or "
+                             "--num-requests")
     synthetic = {"kind": "synthetic", "spec": spec.to_dict(), "seed": int(seed)}
     arr = prof.arrival
     meta = {
