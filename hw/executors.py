@@ -221,7 +221,7 @@ class GpuExecutor(NumpyExecutor):
             e0 = ev(s0)
             self.dev.launch_access(plan.now)
             e_acc = ev(s0)
-        exchanged, done, starts = {}, {}, {}
+        exchanged, done, starts, gathers = {}, {}, {}, {}
         for r in self.order:  # phase 1: each rank's exchange (PCIe) and new-token writes
             s = self.streams[r]
             with cp.cuda.Device(r), s:
@@ -243,6 +243,7 @@ class GpuExecutor(NumpyExecutor):
                 for q, e in exchanged.items():
                     if q != r and staged[r]["peers"]:
                         s.wait_event(e)
+                gathers[r] = ev(s)
                 for h, (src, dst) in staged[r]["peers"].items():
                     gather_rows(self.buf[r], self.gpu[h], dst, src, self.rb, stream=s)
                 done[r] = ev(s)
@@ -260,8 +261,9 @@ class GpuExecutor(NumpyExecutor):
         parts = {"access": t(e0, e_acc), "transfers": t(e_acc, e_x), "commit": t(e_x, e1)}
         for r in range(R):  # per-rank GPU time of its exchange, and of its peer gathers (events on that GPU)
             parts[f"exchange_r{r}"] = t(starts[r], exchanged[r])
-            if R > 1:
+            if R > 1:  # peer = waiting for the other ranks' exchanges + the gathers themselves
                 parts[f"peer_r{r}"] = t(exchanged[r], done[r])
+                parts[f"gather_r{r}"] = t(gathers[r], done[r])
         return {"measured_s": t(e0, e1), "parts_s": parts,
                 "num_hits": res["num_hits"], "diffs": compare_with_plan(res, plan)}
 
