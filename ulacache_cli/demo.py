@@ -80,9 +80,11 @@ def _demo(args: argparse.Namespace) -> int:
 
     measured = sorted(HW_RESULTS.glob("validate*.json"))
     if measured:  # real H200 measurements committed with their provenance; never synthesised here
+        from traces.atomic import atomic_write
+
         (out / "hw").mkdir(parents=True, exist_ok=True)
-        for path in measured:
-            shutil.copy2(path, out / "hw" / path.name)
+        for path in measured:  # temp name + rename: a report never reads a half-copied file
+            atomic_write(out / "hw" / path.name, lambda tmp, src=path: shutil.copy2(src, tmp))
     _step("5/5 write the report", ["report", str(out), "--out", str(out / "report"), "--force"])
     print(f"\nreport: {(out / 'report' / 'index.html').resolve()}")
     return 0
