@@ -1,0 +1,173 @@
+"""Simulator scale (issue 10 item 4): wall time and peak RSS of replays, each in its own subprocess, against targets.
+
+Sections (each replay runs alone, one at a time, under an address-space limit; peak RSS from os.wait4's rusage):
+- pinned:     the DESIGN §8 keys only (glm-5, pb-lru, CPU storage, no draft tokens, 24 requests at concurrency 24,
+              seed 1) for every system x attention x hardware preset. Target <= 2 GB and <= 30 s each.
+- batch1:     4 requests at max_concurrency 1, every system x attention, draft tokens 0 and 4 (h200 and b300).
+              Target <= 10 s each.
+- paper:      configs/paper-h200-tp-specon.yaml (8xH200 TP, 256 Multi-LexSum requests, 4 draft tokens, ulacache with
+              CPU storage) at its default fidelity. Target <= 30 s.
+- paper-full: the same with every indexer group and every request simulated. Target <= 10 min and <= 8 GB.
+Each figure is written next to the one it replaces (`replaces`, from the issue / bench/results/sim.json).
+
+Usage: python bench/scale_bench.py [--only pinned,batch1,paper,paper-full] [--out bench/results/scale.json]
+Writes JSON (date, command, machine, load before/after each replay); sections not run keep their earlier results.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PINNED = {"policy": "pb-lru", "cpu_storage": True, "model": {"preset": "glm-5"}, "spec": {"draft_tokens": 0},
+          "workload": {"num_requests": 24, "max_concurrency": 24, "seed": 1}}
+SYSTEMS, ATTENTION, PRESETS = ("sglang", "hisparse", "ulacache"), ("dp", "tp"), ("h200", "b300")
+PAPER = ROOT / "configs" / "paper-h200-tp-specon.yaml"
+KEEP = ("system", "attention", "hardware", "draft_tokens", "num_requests", "completed_requests",
+        "max_admitted_concurrency", "decode_steps", "decode_throughput_tok_s", "gpu_hit_rate", "policy_groups_simulated",
+        "request_sample_stride", "est_peak_memory_bytes", "peak_rss_bytes", "sim_wall_s")
+# The figures these runs replace (issue 10, measured before the scale work; sim.json for the paper default).
+REPLACED = {
+    "pinned": "ulacache tp h200: killed by the kernel at 24.4 GB resident after 88 s (no output)",
+    "batch1": "ulacache dp b300 spec off 444 s, ulacache tp b300 spec off > 480 s, ulacache tp h200 4 draft tokens "
+              "92 s; sglang 3-38 s (4 requests, one replay per core on a 64-core host)",
+    "paper": "100.4 s (bench/results/sim.json, 2026-11-30, 2 groups, 1/16 of the requests)",
+    "paper-full": "not runnable: 24+ GB (issue 10)",
+}
+TARGETS = {"pinned": (30.0, 2.0), "batch1": (10.0, None), "paper": (30.0, None), "paper-full": (600.0, 8.0)}
+
+
+def run_one(config, overrides: list[str], as_limit_gb: float, timeout_s: float) -> dict:
+    """One replay in a fresh interpreter: wall, peak RSS (its own, from wait4), status, metrics."""
+    payload = json.dumps({"config": str(config) if isinstance(config, Path) else config, "overrides": overrides})
+    code = ("import json, sys; import sim; a = json.loads(sys.argv[1]); "
+            "m = sim.replay(a['config'], overrides=a['overrides']); print('METRICS ' + json.dumps(m))")
+    limit = int(as_limit_gb * 1e9)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    # /usr/bin/time reports the child's own peak resident set (wait4 rusage), even when it dies
+    proc = subprocess.Popen(["/usr/bin/time", "-f", "PEAKRSS_KB %M CPU_S %U %S", sys.executable, "-c", code, payload], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=cap)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        status = f"timeout after {timeout_s:.0f} s"
+    wall = time.perf_counter() - t0
+    metrics, rss, cpu = {}, None, None
+    for line in out.splitlines():
+        if line.startswith("METRICS "):
+            metrics = json.loads(line[8:])
+    lines = err.splitlines()
+    for line in lines:
+        if line.startswith("PEAKRSS_KB "):
+            parts = line.split()
+            rss, cpu = int(parts[1]) * 1024, float(parts[3]) + float(parts[4])
+    err = "\n".join(x for x in lines if not x.startswith("PEAKRSS_KB ") and not x.startswith("Command "))
+    row = {"status": status, "wall_s": round(wall, 2), "cpu_s": cpu, "peak_rss_gb": round(rss / 1e9, 3) if rss else None,
+           "load_avg_before": load, "load_avg_after": os.getloadavg(),
+           "metrics": {k: metrics.get(k) for k in KEEP} if metrics else None}
+    if status != "ok":
+        row["stderr_tail"] = err.strip().splitlines()[-1:] if err.strip() else []
+    return row
+
+
+def _judge(section: str, row: dict) -> dict:
+    wall_t, rss_t = TARGETS[section]
+    row["meets_target"] = (row["status"] == "ok" and row["wall_s"] <= wall_t
+                           and (rss_t is None or (row["peak_rss_gb"] or 0) <= rss_t))
+    return row
+
+
+def _overrides(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += _overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value) if isinstance(value, bool) else value}")
+    return out
+
+
+def section_runs(section: str) -> list[tuple[str, object, list[str], float, float]]:
+    """(label, config, overrides, address-space limit GB, timeout s) of each replay of a section."""
+    runs = []
+    if section == "pinned":
+        for hw in PRESETS:
+            for att in ATTENTION:
+                for system in SYSTEMS:
+                    tree = {**PINNED, "system": system, "attention": att,
+                            "hardware": {"preset": hw, "num_gpus": 8}}
+                    runs.append((f"{system}-{att}-{hw}", tree, [], 6.0, 300.0))
+    elif section == "batch1":
+        for hw in PRESETS:
+            for draft in (0, 4):
+                for att in ATTENTION:
+                    for system in SYSTEMS:
+                        tree = {**PINNED, "system": system, "attention": att, "spec": {"draft_tokens": draft},
+                                "hardware": {"preset": hw, "num_gpus": 8},
+                                "workload": {"num_requests": 4, "max_concurrency": 1, "seed": 1}}
+                        runs.append((f"{system}-{att}-{hw}-draft{draft}", tree, [], 6.0, 300.0))
+    elif section == "paper":
+        runs.append(("ulacache-tp-h200-specon", PAPER, [], 8.0, 600.0))
+    elif section == "paper-full":
+        runs.append(("ulacache-tp-h200-specon-full", PAPER,
+                     ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"], 10.0, 900.0))
+    return runs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="pinned,batch1,paper,paper-full")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
+    ap.add_argument("--filter", default="", help="run only replays whose label contains this")
+    args = ap.parse_args()
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.is_file() else {"bench": "scale", "sections": {}}
+    result.update({
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
+    })
+    for section in args.only.split(","):
+        rows = {}
+        for label, config, overrides, as_gb, timeout in section_runs(section):
+            if args.filter and args.filter not in label:
+                continue
+            row = _judge(section, run_one(config, overrides, as_gb, timeout))
+            rows[label] = row
+            print(f"{section:10s} {label:36s} {row['status']:>10s} {row['wall_s']:8.1f} s {row['cpu_s'] or 0:8.1f} cpu-s "
+                  f"{row['peak_rss_gb'] or 0:6.2f} GB {'ok' if row['meets_target'] else 'MISSES TARGET'}", flush=True)
+        if not rows:
+            continue
+        prev = result["sections"].get(section, {}).get("runs", {})
+        result["sections"][section] = {
+            "target": {"wall_s": TARGETS[section][0], "peak_rss_gb": TARGETS[section][1]},
+            "replaces": REPLACED[section], "runs": {**prev, **rows},
+            "max_wall_s": max(r["wall_s"] for r in {**prev, **rows}.values()),
+            "max_peak_rss_gb": max((r["peak_rss_gb"] or 0) for r in {**prev, **rows}.values()),
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
