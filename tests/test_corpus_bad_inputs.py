@@ -105,6 +105,7 @@ def ws(tmp_path_factory):
     (root / "sweep" / "results.csv").write_text("point_id,status\n")
     (root / "events.json").write_text("{}\n")
     (root / "emptydir").mkdir()
+    (root / "runlink").symlink_to(root / "run")
     # a good trace and broken copies of it
     assert main(["trace", "gen", "--profile", "small", "--num-requests", "3", "--num-groups", "2",
                  "--out", str(root / "trace")]) == 0
@@ -202,6 +203,8 @@ CASES = [
     ("out-existing-run", ["replay", "{ws}/good.yaml", "--out", "{ws}/run", "--quiet"], "pass --force to replace it"),
     ("out-force-on-foreign-dir", ["replay", "{ws}/good.yaml", "--out", "{ws}/mine", "--quiet", "--force"],
      "not a replay run directory"),
+    ("out-is-a-symlink", ["replay", "{ws}/good.yaml", "--out", "{ws}/runlink", "--quiet", "--force"],
+     "is a symbolic link"),
     ("out-trace-events-exists", replay("--trace-events", "{ws}/events.json"), "events.json: exists; pass --force"),
     ("out-trace-events-is-dir", replay("--trace-events", "{ws}/mine", "--force"), "is a directory"),
     # ---- traces given to replay / inspect

@@ -91,8 +91,8 @@ def check_out_path(path, force: bool, owns: Callable[[Path], bool] | None = None
     path = Path(path)
     if not _absolute(path).name:
         raise ValueError(f"{path}: not usable as an output directory (give a directory name)")
-    if path.is_symlink() and not path.exists():
-        raise OSError(f"{path}: is a broken link")
+    if path.is_symlink():  # the rename would replace the link, not what it points to
+        raise OSError(f"{path}: is a symbolic link; give the directory it points to ({os.path.realpath(path)})")
     if path.exists():
         if not path.is_dir():
             raise OSError(f"{path}: exists and is not a directory")
