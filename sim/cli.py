@@ -53,7 +53,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.trace_events is not None and args.trace_events.exists() and not args.force:
         raise ValueError(f"{args.trace_events}: exists; pass --force to replace it")
     with ExitStack() as stack:
-        stage = stack.enter_context(StagedDir(args.out))
+        stage = stack.enter_context(StagedDir(args.out, replace=args.force))
         events = stack.enter_context(StagedFile(args.trace_events)) if args.trace_events is not None else None
         metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
                              trace_events=events.path if events else None, calibration=args.calibration,

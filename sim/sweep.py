@@ -135,7 +135,7 @@ def sim_replay(config: dict, out_dir: Path) -> dict:
     import sim
     from traces.atomic import StagedDir
 
-    with StagedDir(out_dir) as stage:
+    with StagedDir(out_dir, replace=True) as stage:  # our own point dir
         metrics = sim.replay(config, stage.path, progress=False)
         stage.publish()
     return metrics

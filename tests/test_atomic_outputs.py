@@ -228,3 +228,20 @@ def test_report_disk_full_keeps_old_report(tmp_path):
     proc = cli("report", res, "--out", tmp_path / "rep", "--force", fsize=2000)
     assert_refused(proc, "File too large")
     assert snapshot(tmp_path) == before
+
+
+def test_staged_dir_never_replaces_what_appeared_meanwhile(tmp_path):
+    from traces.atomic import StagedDir
+
+    out = tmp_path / "o"
+    with pytest.raises(OSError, match="appeared while this command ran"):
+        with StagedDir(out) as stage:
+            (stage.path / "metrics.json").write_text("new")
+            out.mkdir()
+            (out / "metrics.json").write_text("theirs")  # another command finished first
+            stage.publish()
+    assert (out / "metrics.json").read_text() == "theirs" and sorted(tmp_path.iterdir()) == [out]
+    with StagedDir(out, replace=True) as stage:  # --force
+        (stage.path / "metrics.json").write_text("new")
+        stage.publish()
+    assert (out / "metrics.json").read_text() == "new" and sorted(tmp_path.iterdir()) == [out]

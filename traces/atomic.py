@@ -116,8 +116,9 @@ class StagedDir:
     Leaving the block without publishing (an exception) removes the stage and the parent dirs it created.
     """
 
-    def __init__(self, final):
+    def __init__(self, final, replace: bool = False):
         self.final = _absolute(final)
+        self.replace = replace  # may publish() replace a non-empty `final` (--force)?
         self.path: Path | None = None
         self._made: list[Path] = []
         self.published = False
@@ -145,6 +146,8 @@ class StagedDir:
         old = None
         if self.final.is_dir() and not self.final.is_symlink():
             if any(self.final.iterdir()):
+                if not self.replace:  # it appeared while we worked (another command): keep it
+                    raise OSError(f"{self.final}: appeared while this command ran; nothing was replaced")
                 old = _sibling(self.final, OLD_MARK)
                 os.rename(self.final, old)
             else:
