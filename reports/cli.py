@@ -24,7 +24,7 @@ def _report(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.dir}: result dir not found" if not args.dir.exists() else f"{args.dir}: not a "
                          "directory")
     _check_out(out, args.force)
-    with _staged(out) as stage:
+    with _staged(out, args.force) as stage:
         index = build_report(args.dir, stage)
     print(f"report: {out / index.name}")
     return 0
@@ -53,8 +53,8 @@ class _staged:
     deleted); a failure removes the sibling and leaves the old report byte-identical. (reports imports nothing
     of ours, so this is a small copy of traces.atomic.StagedDir.)"""
 
-    def __init__(self, out: Path):
-        self.out = out
+    def __init__(self, out: Path, force: bool):
+        self.out, self.force = out, force
 
     def __enter__(self) -> Path:
         import tempfile
@@ -82,9 +82,14 @@ class _staged:
                     break
             return False
         old = None
-        if self.out.is_dir():
+        if self.out.is_dir() and any(self.out.iterdir()):
+            if not self.force:  # it appeared while we drew (another command): keep it
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise OSError(f"{self.out}: appeared while this command ran; nothing was replaced")
             old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
             os.rename(self.out, old)
+        elif self.out.is_dir():
+            os.rmdir(self.out)
         try:
             os.rename(self.tmp, self.out)
         except BaseException:
