@@ -87,8 +87,8 @@ class AddressSpace:
 
     @property
     def phys(self) -> np.ndarray:
-        """The address -> place table over the whole address space (a dense copy when storage is not the identity).
-        TODO(H6): remove after hw/ uses layout() and places()."""
+        """The address -> place table over the whole address space: a dense copy, sized by the budget (for snapshots
+        such as UlaCache.device_state and for tests; the library itself uses `places`)."""
         if self.rows.identity:
             out = np.full(self.size, -1, dtype=self.place_dtype)
             out[: self.table.size] = self.table
@@ -96,12 +96,6 @@ class AddressSpace:
         out = np.full((self.num_ranks, self.slots_per_rank), -1, dtype=self.place_dtype)
         out[:, : self.rows.cap] = self.table.reshape(self.num_ranks, -1)
         return out.ravel()
-
-    @property
-    def marker(self) -> np.ndarray:
-        """An all-False dedup marker over the whole address space (+1). TODO(H6): remove after hw/ uses
-        UlaCache.device_state()."""
-        return np.zeros(self.size + 1, dtype=bool)
 
     def request(self, request_id: int, rank: int) -> Request:
         """The request's record, created on first use (not yet registered: call `register`)."""

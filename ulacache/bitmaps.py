@@ -117,13 +117,12 @@ class BucketBitmaps:
 
     @property
     def ring(self) -> np.ndarray:
-        """Ring rows over the full GPU place layout (R * seg slots). TODO(H6): remove after hw/ uses
-        UlaCache.device_state()."""
+        """Ring rows over the full GPU place layout (R * seg slots), dense copies (UlaCache.device_state)."""
         return np.stack([self.pool.dense(r, 0, 1 / 8) for r in self.ring_bits])
 
     @property
     def cold(self) -> np.ndarray:
-        """Cold bitmap over the full GPU place layout. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        """Cold bitmap over the full GPU place layout, a dense copy (UlaCache.device_state)."""
         return self.pool.dense(self.cold_bits, 0, 1 / 8)
 
 

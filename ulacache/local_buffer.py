@@ -132,11 +132,6 @@ class LocalBuffers:
         """Copies held now, all ranks."""
         return int(np.count_nonzero(self.pool.own >= 0))
 
-    @property
-    def owner(self) -> np.ndarray:
-        """Owner of each buffer-local place (dense over R * seg). TODO(H6): remove after hw/ uses layout()."""
-        return self.pool.owner
-
     def check(self) -> None:
         pool = self.pool
         pool.check(require, "local-buffer")

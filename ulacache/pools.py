@@ -127,9 +127,9 @@ class Pool:
 
     Storage (by `idx`, see RankRows): `own` (address, -1 free), `stamp` (last-touch step), `free` (free bitmap,
     bits of padding slots never set) with `free_nz` (flags covering its non-zero words, kept like the bucket
-    summaries in bitmaps.py: raised by a set, recomputed after as many clears as words). `owner`, `stamps`, `free_bm` are dense
-    copies over all R * seg places (for snapshots). `num_free` are the committed free
-    counts per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
+    summaries in bitmaps.py: raised by a set, recomputed after as many clears as words). `owner`, `stamps`,
+    `free_bm` are dense copies over all R * seg places (for snapshots). `num_free` are the committed free counts
+    per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
     def __init__(self, num_ranks: int, slots: int, base: int = 0):
         self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
@@ -241,17 +241,17 @@ class Pool:
 
     @property
     def owner(self) -> np.ndarray:
-        """Dense copy by place - base. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        """Dense copy by place - base, sized by the budget (for UlaCache.device_state)."""
         return self.dense(self.own, -1)
 
     @property
     def stamps(self) -> np.ndarray:
-        """Dense copy by place - base. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        """Dense copy by place - base, sized by the budget (for UlaCache.device_state)."""
         return self.dense(self.stamp, 0)
 
     @property
     def free_bm(self) -> np.ndarray:
-        """Dense copy by place - base. TODO(H6): remove after hw/ uses UlaCache.device_state()."""
+        """Dense copy by place - base, sized by the budget (for UlaCache.device_state)."""
         return self.dense(self.free, 0, 1 / 8)
 
     def valid(self) -> np.ndarray:
