@@ -45,7 +45,7 @@ class DenseSlotMaps:
 
     def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
         """get(r, addrs) given the addresses' storage positions `ix` too (no translation)."""
-        return self.table[r].take(ix)
+        return self.table[r].take(ix).astype(np.int64)
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
         """Insert absent keys (rank, address) -> slot."""
