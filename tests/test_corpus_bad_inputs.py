@@ -106,6 +106,10 @@ def ws(tmp_path_factory):
     (root / "events.json").write_text("{}\n")
     (root / "emptydir").mkdir()
     (root / "runlink").symlink_to(root / "run")
+    one = {"request": np.array([1]), "step": np.array([0]), "group": np.array([0])}
+    np.savez(root / "cap_float.npz", **one, positions=np.array([[1.5, 2.0]]))
+    np.savez(root / "cap_strings.npz", **{**one, "request": np.array(["a"])}, positions=np.array([[1, 2]]))
+    np.savez(root / "cap_ragged.npz", **one, positions=np.zeros((2, 3), np.int64))
     # a good trace and broken copies of it
     assert main(["trace", "gen", "--profile", "small", "--num-requests", "3", "--num-groups", "2",
                  "--out", str(root / "trace")]) == 0
@@ -262,6 +266,12 @@ CASES = [
     ("capture-position-beyond-history", ["trace", "convert", "{ws}/cap_beyond.jsonl", "--out", "{ws}/c"],
      "cap_beyond"),
     ("capture-corrupt-npz", ["trace", "convert", "{ws}/cap_corrupt.npz", "--out", "{ws}/c"], "cap_corrupt.npz"),
+    ("capture-npz-float-positions", ["trace", "convert", "{ws}/cap_float.npz", "--out", "{ws}/c"],
+     "array 'positions' must hold integers, found 1.5"),
+    ("capture-npz-string-ids", ["trace", "convert", "{ws}/cap_strings.npz", "--out", "{ws}/c"],
+     "array 'request' must hold integers"),
+    ("capture-npz-lengths-disagree", ["trace", "convert", "{ws}/cap_ragged.npz", "--out", "{ws}/c"],
+     "arrays disagree in length"),
     ("capture-top-k-too-small", ["trace", "convert", "{ws}/cap_good.jsonl", "--out", "{ws}/c", "--top-k", "2"],
      "exceed --top-k 2"),
     ("capture-out-existing", ["trace", "convert", "{ws}/cap_good.jsonl", "--out", "{ws}/trace"], "pass --force"),

@@ -405,6 +405,21 @@ def convert_capture(capture, out_dir, codec: str = "zstd", batch_records: int = 
     return writer.close()
 
 
+def _integers(a: np.ndarray, path: Path, name: str) -> np.ndarray:
+    """An NPZ array as int64: integer dtypes, or floats holding whole numbers within int64 (1.5 is refused)."""
+    if a.dtype.kind in "iu":
+        if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+            raise TraceError(f"{path}: array '{name}' holds values beyond int64")
+        return a.astype(np.int64)
+    if a.dtype.kind == "f":
+        ok = np.isfinite(a) & (a == np.round(a)) & (np.abs(a) < 2.0**63)
+        if not ok.all():
+            bad = a.reshape(-1)[np.flatnonzero(~ok.reshape(-1))[0]]
+            raise TraceError(f"{path}: array '{name}' must hold integers, found {float(bad)!r}")
+        return a.astype(np.int64)
+    raise TraceError(f"{path}: array '{name}' must hold integers, has dtype {a.dtype}")
+
+
 def _convert_npz(path: Path, writer: SelectionWriter) -> None:
     try:
         z = np.load(path, allow_pickle=False)
@@ -417,10 +432,12 @@ def _convert_npz(path: Path, writer: SelectionWriter) -> None:
             if need not in names:
                 raise TraceError(f"{path}: missing array '{need}' (have: {', '.join(sorted(names))})")
         try:
-            rid, step, grp = (np.asarray(z[k]).astype(np.int64) for k in ("request", "step", grp_name))
-            pos = np.asarray(z["positions"]).astype(np.int64)
-            hist = np.asarray(z["history_len"]).astype(np.int64) if "history_len" in names else None
+            keys = ["request", "step", grp_name, "positions"] + (["history_len"] if "history_len" in names else [])
+            rid, step, grp, pos, *rest = (_integers(np.asarray(z[k]), path, k) for k in keys)
+            hist = rest[0] if rest else None
         except (ValueError, TypeError, OSError, zlib.error) as exc:
+            if isinstance(exc, TraceError):
+                raise
             raise TraceError(f"{path}: corrupt or non-integer array ({' '.join(str(exc).split())[:120]})") from None
     if pos.ndim == 2:
         pos = pos[:, None, :]
