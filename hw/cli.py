@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     h = sub.add_parser("hisparse", help="HiSparse swap-in kernel: check vs numpy, time per batch -> JSON")
     h.add_argument("--out", default="hw/results/hisparse_swapin.json", help="JSON file to write")
     h.add_argument("--batches", default="", help="comma list of batch sizes (default 1,4,16,64,256)")
-    h.add_argument("--block", type=_positive_int, default=256, help="threads per block (one block per request)")
+    h.add_argument("--block", type=_positive_int, default=960,
+                   help="threads per block (one block per request; default SGLang's 960), the calibrated table")
     h.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     h.set_defaults(func=_hisparse)
 

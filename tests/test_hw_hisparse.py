@@ -64,7 +64,7 @@ def test_invariants_over_steps(keep):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block", [256, 1024])
+@pytest.mark.parametrize("block", [256, 960, 1024])
 def test_kernel_equals_reference(block):
     from hw.hisparse_bench import check_against_reference
 
