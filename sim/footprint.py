@@ -4,7 +4,8 @@ What grows with a replay (each figure from what it will simulate, not from the h
 - library caches: one per simulated indexer group (all groups during a pilot), each holding at most the history the
   run can hold at once (`RunBound`). A cache's cost is *probed*: one cache of the run's configuration is built and
   given a sample of tokens under tracemalloc, giving its fixed bytes and its bytes per history entry, whatever the
-  library's layout is;
+  library's layout is; x GROWTH for storage that grows by doubling. The pilot's caches are freed (and the heap
+  trimmed) before the main phase grows, so the peak is the larger phase;
 - address tables (sim/policy.py): one row of the longest request per simulated running request, per group;
 - per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
   `SCRATCH_BYTES_PER_REF` each, twice (the selection source's arrays and the library's);
@@ -23,6 +24,7 @@ import numpy as np
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
+GROWTH = 2.0  # the library's storage grows by doubling: up to twice the entries it holds (measured per entry once)
 PROBE_TOKENS = 1 << 17  # tokens allocated in the probe cache (chunked pools grow in steps; large enough to see it)
 
 
@@ -67,8 +69,14 @@ def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
 
 
 def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
-    """(fixed bytes, bytes per history entry) of one library cache built as the run builds them."""
-    tracemalloc.start()
+    """(fixed bytes, bytes per history entry) of one library cache built as the run builds them (memoized on
+    `make_cache`: the runner's pilot and the estimate ask for the same probes)."""
+    memo = make_cache.__dict__.setdefault("probes", {}) if hasattr(make_cache, "__dict__") else {}
+    if (k, tokens) in memo:
+        return memo[(k, tokens)]
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
         cache = make_cache(0, k)
@@ -78,8 +86,10 @@ def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
         filled = tracemalloc.get_traced_memory()[0]
         del cache
     finally:
-        tracemalloc.stop()
-    return float(built - base), max(float(filled - built), 0.0) / n
+        if not was_tracing:
+            tracemalloc.stop()
+    memo[(k, tokens)] = out = (float(built - base), max(float(filled - built), 0.0) / n)
+    return out
 
 
 def _room(cache) -> int:
@@ -102,12 +112,12 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         from sim.policy import PolicyRunner
 
         bound = make_cache.bound
-        phases = PolicyRunner.phases(cfg, bound)  # [(caches held at once, request stride)]
+        phases = PolicyRunner.phases(cfg, bound, make_cache)  # [(caches held at once, request stride)]
         max_len = int(bound.totals[0])
         best = 0.0
         for n_caches, k in phases:
             fixed, per_entry = probe_cache(make_cache, k, bound.slots(k))
-            caches = n_caches * (fixed + per_entry * bound.slots(k))
+            caches = n_caches * (fixed + GROWTH * per_entry * bound.slots(k))
             rows = max(4, bound.requests(k))
             tables = n_caches * rows * max_len * 4.0
             if caches + tables > best:

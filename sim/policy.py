@@ -11,8 +11,8 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   running requests are (k = round(1 / fraction)), so the simulated share stays ~1/k at every step; pools are scaled
   by the same fraction (+ two whole requests of slack in the logical CPU tier, none on the GPU).
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
-- The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_ENTRIES` history entries, the
-  pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
+- The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_BYTES` (a cache's bytes probed as
+  the run builds it, sim/footprint.py), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
   representatives' caches are rebuilt at stride k with the running requests re-admitted (their history placed as
   at admission, GPU-first). Memory then follows the simulated groups, not all groups.
 What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link. The engine turns them
@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-PILOT_MAX_ENTRIES = 24_000_000  # history entries held by all pilot caches together (~25-60 B each in the library)
+PILOT_MAX_BYTES = 1.0e9  # all pilot caches together (a memory bound, so that a small config runs in ~2 GB)
+PILOT_MAX_ENTRIES = 24_000_000  # the same bound in history entries when no cache can be probed
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer")
 
 
@@ -117,6 +118,19 @@ def group_map(num_groups: int, picked: list[int], shallow: int) -> np.ndarray:
     return out
 
 
+def release_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, and the pilot's peak would stay resident
+    through the rest of the run)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 class AddressTable:
     """Position -> logical address of every simulated running request, one row per request."""
 
@@ -177,7 +191,7 @@ class PolicyRunner:
             self.groups, self.group_of = self._upfront_groups()
         self.max_request_tokens = max_request_tokens
         self.make_cache = make_cache
-        phases = self.phases(cfg, getattr(make_cache, "bound", None))
+        phases = self.phases(cfg, getattr(make_cache, "bound", None), make_cache)
         self.k, self.main_k = phases[0][1], phases[-1][1]
         self.stride = cfg.fidelity["step_stride"]
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
@@ -206,9 +220,9 @@ class PolicyRunner:
         return groups, group_map(self.num_groups, groups, shallow)
 
     @staticmethod
-    def phases(cfg, bound) -> list[tuple[int, int]]:
+    def phases(cfg, bound, make_cache=None) -> list[tuple[int, int]]:
         """(caches held at once, request stride) of each phase: the pilot (all groups; with a `RunBound`, at the
-        smallest multiple of the stride whose state fits PILOT_MAX_ENTRIES), then the simulated groups."""
+        smallest multiple of the stride whose caches fit PILOT_MAX_BYTES), then the simulated groups."""
         num_groups, want = cfg.model.num_index_groups, cfg.fidelity["policy_groups"]
         k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
         if want <= 0 or want >= num_groups:
@@ -216,8 +230,17 @@ class PolicyRunner:
         if cfg.fidelity["pilot_steps"] <= 0:
             return [(want, k)]
         pilot_k = k
-        while bound is not None and num_groups * bound.slots(pilot_k) > PILOT_MAX_ENTRIES and \
-                bound.requests(pilot_k) > 1:
+        if bound is None:
+            return [(num_groups, pilot_k), (want, k)]
+        if make_cache is not None:  # a cache at stride k bounds the fixed part of the coarser ones
+            from sim.footprint import GROWTH, probe_cache
+
+            fixed, per_entry = probe_cache(make_cache, k, bound.slots(k))
+            cost = lambda kk: num_groups * (fixed + GROWTH * per_entry * bound.slots(kk))  # noqa: E731
+            limit = PILOT_MAX_BYTES
+        else:
+            cost, limit = (lambda kk: num_groups * bound.slots(kk)), PILOT_MAX_ENTRIES
+        while cost(pilot_k) > limit and bound.requests(pilot_k) > 1:
             pilot_k += k
         return [(num_groups, pilot_k), (want, k)]
 
@@ -318,6 +341,7 @@ class PolicyRunner:
                 self._end_pilot()
                 if self.k != self.main_k:
                     self._resample(rids, hist, spaces, rid_ranks)
+                release_memory()
         return self.last
 
     def _end_pilot(self):
@@ -340,6 +364,7 @@ class PolicyRunner:
         re-admitted in admission order with their current history (not counted again as prompt loads)."""
         self.k = self.main_k
         self.caches = self.tables = {}  # the pilot's caches go before the new ones are built
+        release_memory()
         self.caches = {g: self.make_cache(g, self.k) for g in self.groups}
         self.tables = {g: self._table(self.caches[g]) for g in self.groups}
         self.sampled, self.sampled_per_space, self.space_of = {}, {}, {}
