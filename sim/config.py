@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,17 +194,70 @@ def _merge(tree: dict, user: dict, schema, prefix: str = ""):
             tree[key] = _check(name, value, rule)
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ValueError(f"bad --set {item!r}: expected dotted.key=value")
+# One `--set` grammar for replay, sweep (`--set` and each `--grid` value) and plan: a dotted key of identifiers,
+# `=`, and a non-empty value read by the strict YAML reader (duplicate keys and alias bombs refused); text that is not
+# valid YAML stays a string. Typing and range checks are the schema's (`_merge`), the same for every command.
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def parse_value(text: str, where: str = "--set") -> Any:
+    """A `--set`/`--grid` value as YAML reads it (8 -> int, true -> bool, pb-lru -> str, [1, 2] -> list)."""
     try:
-        value = load_yaml(text, f"--set {key}") if text.strip() else None
+        return load_yaml(text, where)
     except TraceError as exc:
         if "not valid YAML" not in str(exc):
             raise ValueError(str(exc)) from None
-        value = text
+        return text.strip()
+
+
+def _split(item: str, what: str) -> tuple[str, str]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not KEY_RE.match(key) or not text.strip():
+        hint = ",value2,..." if what == "--grid" else ""
+        raise ValueError(f"bad {what} {item!r}: expected dotted.key=value{hint} (key: dotted names of letters, "
+                         f"digits and _; value: non-empty, null for none)")
+    return key, text
+
+
+def parse_set(item: str, what: str = "--set") -> tuple[str, Any]:
+    """`dotted.key=value` -> (key, typed value); a one-line ValueError naming the flag otherwise."""
+    key, text = _split(item, what)
+    return key, parse_value(text, f"{what} {key}")
+
+
+def parse_grid_item(item: str) -> tuple[str, list]:
+    """`key=v1,v2,...` -> (key, [typed values]); each value typed exactly as `--set key=v` would be."""
+    key, text = _split(item, "--grid")
+    texts = [t.strip() for t in text.split(",")]
+    if any(not t for t in texts):
+        raise ValueError(f"bad --grid {item!r}: empty value in the list")
+    values = [parse_value(t, f"--grid {key}") for t in texts]
+    if any(isinstance(v, (dict, list)) for v in values):
+        raise ValueError(f"bad --grid {item!r}: grid values are scalars (use --set for a list or mapping)")
+    return key, values
+
+
+def format_set(key: str, value: Any) -> str:
+    """(key, value) -> `key=text` that `parse_set` reads back as the same value (quoted where YAML would retype)."""
+    import json
+
+    if isinstance(value, str):
+        try:
+            same = parse_value(value) == value
+        except ValueError:
+            same = False
+        return f"{key}={value if same else json.dumps(value)}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"{key}={'.nan' if value != value else ('.inf' if value > 0 else '-.inf')}"
+        mantissa, e, exponent = repr(value).partition("e")  # YAML 1.1 reads 1e-05 as a string, 1.0e-05 as a float
+        return f"{key}={mantissa if '.' in mantissa or not e else mantissa + '.0'}{e}{exponent}"
+    return f"{key}={json.dumps(value)}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    key, value = parse_set(item)
     return key.split("."), value
 
 
@@ -229,6 +283,8 @@ def resolve(user: dict | None, overrides: list[str] | None = None) -> dict:
 
 def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> dict:
     """Read a YAML config (or take a dict) and resolve it; raises ValueError/OSError with one-line messages."""
+    for item in overrides or []:  # a malformed --set is the flag's error, not the file's (same for every command)
+        parse_set(item)
     if isinstance(path, dict):
         user = path
     else:

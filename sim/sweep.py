@@ -22,44 +22,31 @@ from pathlib import Path
 
 import yaml
 
+from sim import config as sim_config
+
 ReplayFn = Callable[[dict, Path], dict]
 ResolveFn = Callable[[Path, list], dict]
 
-KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 FIRST_COLUMNS = ("point_id", "status", "error")
 RESULTS_NAME = "results"
 POINTS_DIR = "points"
 
 
 # ----------------------------------------------------------------------------------------------- parsing
+# The grammar and typing of `--set` / `--grid` items are the config loader's (`sim.config.parse_set`), shared with
+# `replay` and `plan`, so the three commands accept and refuse the same inputs with the same messages.
 def parse_value(text: str):
-    """A grid/override value as YAML would read it (8 -> int, true -> bool, pb-lru -> str)."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if isinstance(value, (str, int, float, bool)) or value is None else text
-
-
-def _split_item(item: str, what: str) -> tuple[str, str]:
-    key, sep, rest = item.partition("=")
-    key = key.strip()
-    if not sep or not KEY_RE.match(key) or not rest.strip():
-        raise ValueError(f"bad {what} {item!r}: expected dotted.key=value{',value2,...' if what == '--grid' else ''}")
-    return key, rest
+    """A grid/override value as `--set` reads it (8 -> int, true -> bool, pb-lru -> str)."""
+    return sim_config.parse_value(text)
 
 
 def parse_grid(items: Iterable[str]) -> dict[str, list]:
     """`["system=sglang,ulacache", "workload.max_concurrency=1,8"]` -> ordered {key: [values]}."""
     grid: dict[str, list] = {}
     for item in items:
-        key, rest = _split_item(item, "--grid")
+        key, values = sim_config.parse_grid_item(item)
         if key in grid:
             raise ValueError(f"bad --grid {item!r}: key {key!r} given twice")
-        texts = [t.strip() for t in rest.split(",")]
-        if any(not t for t in texts):
-            raise ValueError(f"bad --grid {item!r}: empty value in the list")
-        values = [parse_value(t) for t in texts]
         if len({json.dumps(v) for v in values}) != len(values):
             raise ValueError(f"bad --grid {item!r}: repeated value")
         grid[key] = values
@@ -67,11 +54,11 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
 
 
 def parse_sets(items: Iterable[str]) -> list[str]:
-    """Validate `--set key=value` items; returns them as `key=value` strings for the config loader."""
+    """Validate `--set key=value` items (grammar and value, as `replay` does); returns them as `key=value`."""
     out = []
     for item in items:
-        key, rest = _split_item(item, "--set")
-        out.append(f"{key}={rest.strip()}")
+        key, _ = sim_config.parse_set(item)
+        out.append(f"{key}={item.partition('=')[2].strip()}")
     return out
 
 
@@ -82,7 +69,8 @@ def expand_grid(grid: dict[str, list]) -> list[dict]:
 
 
 def _override(key: str, value) -> str:
-    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+    """A typed grid value back as `key=text` that reads back as the same value (a quoted '8' stays a string)."""
+    return sim_config.format_set(key, value)
 
 
 # ----------------------------------------------------------------------------------------------- identity
@@ -157,6 +145,7 @@ def make_points(config_path: Path, grid: dict, sets: list[str], resolve: Resolve
         try:
             config = resolve(config_path, overrides)
         except (ValueError, KeyError, TypeError) as exc:
+            _refuse_base(config_path, sets, resolve, exc)
             where = ", ".join(f"{k}={v}" for k, v in values.items())
             raise ValueError(f"grid point {where}: {_one_line(exc)}") from None
         pid = point_id(config)
@@ -165,6 +154,15 @@ def make_points(config_path: Path, grid: dict, sets: list[str], resolve: Resolve
         seen.add(pid)
         points.append(Point(pid, values, config))
     return points
+
+
+def _refuse_base(config_path: Path, sets: list[str], resolve: ResolveFn, exc: BaseException) -> None:
+    """When the config + `--set`s fail alone with the point's error, say it as `replay` would (no grid point)."""
+    try:
+        resolve(config_path, sets)
+    except (ValueError, KeyError, TypeError) as base_exc:
+        if str(base_exc) == str(exc):
+            raise base_exc from None
 
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
