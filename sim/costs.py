@@ -12,10 +12,10 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from sim import calibration as _calibration
 from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec
+from traces.strict_yaml import read_yaml_file
 
 DEFAULTS_PATH = Path(__file__).with_name("costs.yaml")
 _TABLE_KEYS = ("h2d_row_efficiency_by_bytes", "d2h_row_efficiency_by_bytes", "peer_row_efficiency_by_bytes",
@@ -27,8 +27,9 @@ NO_CALIBRATION = "none"  # `calibration="none"` (or `--calibration none`): the u
 
 
 def _defaults() -> dict:
-    data = yaml.safe_load(DEFAULTS_PATH.read_text())
-    assert isinstance(data, dict)
+    data = read_yaml_file(DEFAULTS_PATH)  # strict: a duplicated key in the defaults is an error, not last-wins
+    if not isinstance(data, dict):
+        raise ValueError(f"{DEFAULTS_PATH}: the cost defaults must be a YAML mapping")
     return data
 
 
@@ -51,8 +52,14 @@ def _merge_costs(base: dict, extra: dict, where: str) -> dict:
 
 
 def read_calibration(path: Path) -> dict:
-    """The `costs:` of a calibration file (top-level keys: provenance, costs; anything else is an error)."""
-    return _calibration.read(Path(path))[0]
+    """The `costs:` of a calibration file (top-level keys: provenance, costs; anything else is an error).
+
+    The file is first read by the strict reader (duplicate keys, alias bombs and bad UTF-8 refused in one line
+    naming the file); `sim.calibration.read` then checks its structure."""
+    path = Path(path)
+    if path.is_file():
+        read_yaml_file(path)
+    return _calibration.read(path)[0]
 
 
 def _log_interp(x: float, table: dict) -> float:
