@@ -52,33 +52,61 @@ def _pins(notes: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- 1. throughput
+ADMITTED = "max_admitted_concurrency"
+
+
+def _has(df, col: str) -> bool:
+    return col in df.columns and df[col].notna().any()
+
+
+def throughput_basis(df) -> str:
+    """What `decode_throughput_tok_s` means in these results, for the captions: replays since issue 11 report the
+    steady state (running concurrency held at the cap, warm-up and drain left out) beside the whole-run
+    `run_throughput_tok_s`; older result files hold only the whole-run average under that name."""
+    text = ("Throughput is the steady-state decode throughput (decode_throughput_tok_s: running concurrency held at "
+            "the cap, warm-up and drain left out), not the whole-run average (run_throughput_tok_s).")
+    if not _has(df, "run_throughput_tok_s"):
+        return ("Throughput is decode_throughput_tok_s as these result files hold it; they predate the steady-state "
+                "metric (no run_throughput_tok_s), so it is each run's whole-run average.")
+    if "tpot_source" in df.columns:
+        whole = int((df["tpot_source"] == "whole run").sum())
+        if whole:
+            text += (f" {whole} of {len(df)} runs had no steady window (every request admitted at once, none "
+                     "refilled): their figure is the whole run's.")
+    return text
+
+
 def throughput_vs_concurrency(df, res, out_dir):
     need(df, [X, "decode_throughput_tok_s"], "throughput-vs-concurrency runs")
     sub, notes = pin(df, keep=(X, "system", "cpu_storage", "attention", "hardware.preset", "spec.draft_tokens",
                                "model.preset"), prefer={"policy": "pb-lru"})
+    rings = _has(sub, ADMITTED)  # without the admitted concurrency the curve is drawn, the admission marks not
     groups = facets(sub)
     fig, axes = _grid(len(groups))
     for ax, (title, g) in zip(axes, groups):
         for i, label in enumerate(series_order(g["variant"])):
-            s = g[g["variant"] == label].groupby(X).agg(thr=("decode_throughput_tok_s", "mean"),
-                                                        adm=("max_admitted_concurrency", "max")).reset_index()
+            rows = g[g["variant"] == label].groupby(X)
+            s = (rows.agg(thr=("decode_throughput_tok_s", "mean"), adm=(ADMITTED, "max")) if rings
+                 else rows.agg(thr=("decode_throughput_tok_s", "mean"))).reset_index()
             color = _color(label, i)
             ax.plot(s[X], s["thr"], "-o", color=color, label=label)
-            capped = s[s["adm"] < s[X]]
+            capped = s[s["adm"] < s[X]] if rings else s.iloc[:0]
             if len(capped):
                 ax.scatter(capped[X], capped["thr"], s=90, facecolors="none", edgecolors="red", zorder=4,
                            label="admission-limited" if i == 0 else None)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency cap (requests)")
-        ax.set_ylabel("decode throughput (tokens/s)")
+        ax.set_ylabel("steady decode throughput (tokens/s)")
         ax.set_title(title or "all runs", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Decode throughput vs concurrency per system")
+    fig.suptitle("Steady-state decode throughput vs concurrency per system")
     png = _save(fig, out_dir, "throughput_vs_concurrency.png")
+    marks = ("red rings mark caps the system could not admit (admitted concurrency below the cap)." if rings else
+             f"admission limits are not marked: these results have no {ADMITTED} column.")
     return Figure("throughput", "Decode throughput vs concurrency", png,
-                  "Mean decode throughput per concurrency cap (workload.max_concurrency); red rings mark caps the "
-                  "system could not admit (admitted concurrency below the cap)." + _pins(notes))
+                  "Mean decode throughput per concurrency cap (workload.max_concurrency); " + marks + " "
+                  + throughput_basis(sub) + _pins(notes))
 
 
 # ---------------------------------------------------------------------------------------------- 2. speedups
@@ -93,11 +121,11 @@ def peak_speedups(df, res, out_dir):
         for label in series_order(g["variant"]):
             s = g[g["variant"] == label]
             if X in s.columns:  # mean over seeds/replicates per cap, then the best cap
-                s = s.groupby(X, as_index=False)[["decode_throughput_tok_s", "max_admitted_concurrency",
-                                                  "tpot_ms_p50"]].mean()
+                cols = [c for c in ("decode_throughput_tok_s", ADMITTED, "tpot_ms_p50") if c in s.columns]
+                s = s.groupby(X, as_index=False)[cols].mean()
             best = s.loc[s["decode_throughput_tok_s"].idxmax()]
             rows.append({"setting": title, "system": label, "peak_tok_s": best["decode_throughput_tok_s"],
-                         "at_concurrency_cap": best.get(X), "admitted": best.get("max_admitted_concurrency"),
+                         "at_concurrency_cap": best.get(X), "admitted": best.get(ADMITTED),
                          "tpot_ms_p50": best.get("tpot_ms_p50"),
                          "speedup_vs_hisparse": best["decode_throughput_tok_s"] / ref if ref and ref > 0 else None})
     table = pd.DataFrame(rows)
@@ -119,11 +147,11 @@ def peak_speedups(df, res, out_dir):
         ax.tick_params(axis="x", labelsize=8, rotation=15)
         ax.legend(fontsize=7)
         ax.margins(y=0.15)
-    fig.suptitle("Peak decode throughput per system\n(bar labels: speedup over HiSparse)")
+    fig.suptitle("Peak steady-state decode throughput per system\n(bar labels: speedup over HiSparse)")
     png = _save(fig, out_dir, "peak_speedups.png")
     return Figure("speedups", "Peak-throughput speedups over HiSparse", png,
                   "Peak = the highest mean decode throughput over the concurrency caps run; speedup = peak / "
-                  "HiSparse's peak in the same setting." + _pins(notes), table)
+                  "HiSparse's peak in the same setting. " + throughput_basis(sub) + _pins(notes), table)
 
 
 # ---------------------------------------------------------------------------------------------- 3. capacity
@@ -465,7 +493,7 @@ def plans(df, res, out_dir):
                          "replays": entry.get("num_replays"), "search_stop": entry.get("reason")})
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency cap (requests)")
-        ax.set_ylabel("decode throughput (tokens/s)")
+        ax.set_ylabel("steady decode throughput (tokens/s)")
         ax.set_title(f"Plan: {plan.get('model')} on {plan.get('num_gpus')}x{plan.get('hardware')} "
                      f"({plan.get('attention')}), {plan.get('slo_metric')} <= {slo} ms\n"
                      "shaded: caps meeting the SLO; star: chosen point", fontsize=10)
@@ -474,7 +502,9 @@ def plans(df, res, out_dir):
         png = _save(fig, out_dir, f"plan_{n}.png")
         out.append(Figure(f"plan{n}", f"Capacity plan ({plan['_path']})", png,
                           "Concurrency caps the search evaluated (real replays), whether each met the TPOT SLO, "
-                          "and the chosen peak per system.", pd.DataFrame(rows)))
+                          "and the chosen peak per system. Throughput is each replay's decode_throughput_tok_s (the "
+                          "steady-state figure in replays since issue 11; the whole-run average in older ones).",
+                          pd.DataFrame(rows)))
     return out
 
 

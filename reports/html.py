@@ -50,9 +50,10 @@ def build_report(result_dir, out_dir=None) -> Path:
     for fn in ALL:
         try:
             made = fn(df, res, out)
-        except Skip as exc:
+        except (Skip, KeyError) as exc:  # KeyError: a column these result files lack (older or hand-made tables)
             name = TITLES.get(fn.__name__, fn.__name__.replace("_", " "))
-            sections.append(f'<h2>{html.escape(name)}</h2><p class="skip">Skipped: {html.escape(str(exc))}.</p>')
+            why = str(exc) if isinstance(exc, Skip) else f"the result files lack {exc}"
+            sections.append(f'<h2>{html.escape(name)}</h2><p class="skip">Skipped: {html.escape(why)}.</p>')
             continue
         for fig in made if isinstance(made, list) else [made]:
             sections.append(_section(fig))
