@@ -112,7 +112,7 @@ def section_runs(section: str) -> list[tuple[str, object, list[str], float, floa
                 for system in SYSTEMS:
                     tree = {**PINNED, "system": system, "attention": att,
                             "hardware": {"preset": hw, "num_gpus": 8}}
-                    runs.append((f"{system}-{att}-{hw}", tree, [], 6.0, 300.0))
+                    runs.append((f"{system}-{att}-{hw}", tree, [], 8.0, 300.0))
     elif section == "batch1":
         for hw in PRESETS:
             for draft in (0, 4):

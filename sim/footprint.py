@@ -24,7 +24,7 @@ import numpy as np
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
-GROWTH = 2.0  # the library's storage grows by doubling: up to twice the entries it holds (measured per entry once)
+GROWTH = 1.5  # the library's storage grows by doubling: between 1x and 2x the entries it holds, 1.5x on average
 PROBE_TOKENS = 1 << 17  # tokens allocated in the probe cache (chunked pools grow in steps; large enough to see it)
 
 
@@ -82,7 +82,10 @@ def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
         cache = make_cache(0, k)
         built = tracemalloc.get_traced_memory()[0]
         n = max(1, min(tokens, PROBE_TOKENS, _room(cache)))
-        cache.alloc(request_id=0, num_tokens=n, rank=0)
+        c = cache.config
+        ranks = c.num_ranks if c.mode == "dp" else 1  # DP admission spreads requests over the ranks
+        per = [n // ranks + (1 if r < n % ranks else 0) for r in range(ranks)]
+        cache.alloc_many(list(range(ranks)), per, list(range(ranks)))
         filled = tracemalloc.get_traced_memory()[0]
         del cache
     finally:
@@ -94,9 +97,8 @@ def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
 
 def _room(cache) -> int:
     c = cache.config
-    if c.policy == "hisparse":
-        return c.cpu_slots
-    return c.gpu_slots + c.cpu_slots if c.mode == "dp" else c.num_ranks * (c.gpu_slots + c.cpu_slots)
+    per_rank = c.cpu_slots if c.policy == "hisparse" else c.gpu_slots + c.cpu_slots
+    return c.num_ranks * per_rank
 
 
 def estimate(cfg, system, requests, make_cache) -> dict:
@@ -117,15 +119,15 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         best = 0.0
         for n_caches, k in phases:
             fixed, per_entry = probe_cache(make_cache, k, bound.slots(k))
-            caches = n_caches * (fixed + GROWTH * per_entry * bound.slots(k))
-            rows = max(4, bound.requests(k))
+            caches = n_caches * (fixed + GROWTH * per_entry * bound.cache_entries(k))
+            rows = max(4, bound.cache_requests(k))
             tables = n_caches * rows * max_len * 4.0
             if caches + tables > best:
                 best = caches + tables
                 out["caches_bytes"], out["tables_bytes"] = caches, tables
-                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.slots(k), k
+                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.cache_entries(k), k
                 out["probe_fixed_bytes"], out["probe_bytes_per_entry"] = fixed, per_entry
-        refs = bound.requests(phases[-1][1]) * q * top_k
+        refs = bound.cache_requests(phases[-1][1]) * q * top_k
         out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF
     out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
     return out

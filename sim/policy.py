@@ -232,14 +232,16 @@ class PolicyRunner:
         pilot_k = k
         if bound is None:
             return [(num_groups, pilot_k), (want, k)]
-        if make_cache is not None:  # a cache at stride k bounds the fixed part of the coarser ones
+        if make_cache is not None:  # each candidate stride's cache probed as the run would build it
             from sim.footprint import GROWTH, probe_cache
 
-            fixed, per_entry = probe_cache(make_cache, k, bound.slots(k))
-            cost = lambda kk: num_groups * (fixed + GROWTH * per_entry * bound.slots(kk))  # noqa: E731
+            def cost(kk: int) -> float:
+                fixed, per_entry = probe_cache(make_cache, kk, bound.slots(kk))
+                return num_groups * (fixed + GROWTH * per_entry * bound.cache_entries(kk))
+
             limit = PILOT_MAX_BYTES
         else:
-            cost, limit = (lambda kk: num_groups * bound.slots(kk)), PILOT_MAX_ENTRIES
+            cost, limit = (lambda kk: num_groups * bound.cache_entries(kk)), PILOT_MAX_ENTRIES
         while cost(pilot_k) > limit and bound.requests(pilot_k) > 1:
             pilot_k += k
         return [(num_groups, pilot_k), (want, k)]

@@ -64,7 +64,8 @@ def cache_factory(cfg: SimConfig, system, requests):
 
     cap = system.capacity
     bound = RunBound.of(requests["input_tokens"].to_numpy(), requests["output_tokens"].to_numpy(), cfg.query_tokens,
-                        min(len(requests), cfg.workload["max_concurrency"]), cap.logical_tokens_per_space)
+                        min(len(requests), cfg.workload["max_concurrency"]), cap.logical_tokens_per_space,
+                        cap.num_spaces)
 
     def make(group: int, k: int):
         return UlaCache(system.cache_config(k, bound))

@@ -76,11 +76,21 @@ class RunBound:
     totals: np.ndarray  # int64, descending
     max_running: int
     logical_slots: float
+    num_spaces: int = 1
 
     @classmethod
-    def of(cls, inp: np.ndarray, out: np.ndarray, q: int, max_running: float, logical_slots: float) -> RunBound:
+    def of(cls, inp: np.ndarray, out: np.ndarray, q: int, max_running: float, logical_slots: float,
+           num_spaces: int = 1) -> RunBound:
         totals = np.sort(np.asarray(inp, np.int64) + np.asarray(out, np.int64) + q)[::-1]
-        return cls(totals, int(min(len(totals), max_running)), float(logical_slots))
+        return cls(totals, int(min(len(totals), max_running)), float(logical_slots), int(num_spaces))
+
+    def cache_entries(self, k: int = 1) -> int:
+        """History entries one cache (all spaces: every rank under DP) holds at most at stride k."""
+        return int(min(self.totals[:self.max_running].sum(), self.num_spaces * self.slots(k)))
+
+    def cache_requests(self, k: int = 1) -> int:
+        """Simulated requests one cache holds at most at stride k (each space samples at least one)."""
+        return int(min(self.max_running, self.num_spaces * self.requests(k)))
 
     def slots(self, k: int = 1) -> int:
         """History slots the requests simulated at stride k can hold at once: the ceil(running / k) largest."""
