@@ -6,8 +6,10 @@ with a one-line `ValueError` naming the key. `hardware.*` / `model.*` take a `pr
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,48 @@ MAX_REQUESTS = 1_000_000  # a replay simulates every request; a million is days 
 MAX_DRAFT_TOKENS = 16  # SGLang's EAGLE/MTP recipes for these models use 4 (3 steps); chains past 16 are not modelled
 
 
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "opt_int": int | None, "opt_float": float | None,
+          "opt_str": str | None, "list_float": tuple[float, ...] | None}
+
+
+class _Section(Mapping):
+    """Base of the typed sections: read as `cfg.workload.seed`; `cfg.workload["seed"]` (and `dict(...)`, `.get`)
+    stay for callers not yet migrated (sim/engine.py, systems.py, run.py, policy.py, footprint.py, sensitivity.py);
+    a follow-up moves them to attributes and drops the Mapping base."""
+
+    def __getitem__(self, key: str):
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(self.__dataclass_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)
+
+
+def _section_class(name: str) -> type:
+    """The frozen dataclass of one SCHEMA section (fields, types and defaults from SCHEMA: one source of truth)."""
+    rules = SCHEMA[name]
+    fields = [(key, _TYPES[rule[1]], dataclasses.field(default=rule[0])) for key, rule in rules.items()]
+    title = "UlaCache" if name == "ulacache" else "HiSparse" if name == "hisparse" else name.capitalize()
+    return dataclasses.make_dataclass(f"{title}Config", fields, bases=(_Section,), frozen=True, eq=False,
+                                      namespace={"__doc__": f"The resolved `{name}:` section of a replay config.",
+                                                 "__module__": __name__})
+
+
+SpecConfig = _section_class("spec")
+WorkloadConfig = _section_class("workload")
+MemoryConfig = _section_class("memory")
+HisparseConfig = _section_class("hisparse")
+UlaCacheConfig = _section_class("ulacache")
+FidelityConfig = _section_class("fidelity")
+OutputConfig = _section_class("output")
+SECTIONS = {"spec": SpecConfig, "workload": WorkloadConfig, "memory": MemoryConfig, "hisparse": HisparseConfig,
+            "ulacache": UlaCacheConfig, "fidelity": FidelityConfig, "output": OutputConfig}
+
+
 @dataclass(frozen=True)
 class SimConfig:
     system: str
@@ -86,14 +130,14 @@ class SimConfig:
     cpu_storage: bool
     hardware: HardwareSpec
     model: ModelSpec
-    spec: dict
-    workload: dict
-    memory: dict
-    hisparse: dict
-    ulacache: dict
-    fidelity: dict
-    output: dict
-    costs: dict
+    spec: SpecConfig
+    workload: WorkloadConfig
+    memory: MemoryConfig
+    hisparse: HisparseConfig
+    ulacache: UlaCacheConfig
+    fidelity: FidelityConfig
+    output: OutputConfig
+    costs: dict  # free section: validated by the cost model (sim.costs), keys are its cost keys
     raw: dict  # the resolved dict (written as config.yaml)
 
     @property
@@ -348,12 +392,12 @@ def build(tree: dict) -> SimConfig:
     mem = tree["memory"]
     if not 0 < mem["host_kv_fraction"] <= 1:
         raise ValueError("config key memory.host_kv_fraction must be in (0, 1]")
+    resolved = {**tree, "fidelity": fid}  # request_fraction filled in
+    sections = {name: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[name].items()})
+                for name, cls in SECTIONS.items()}  # lists (accept_probs) as tuples: a frozen section stays frozen
     return SimConfig(
         system=tree["system"], attention=tree["attention"], policy=tree["policy"], cpu_storage=tree["cpu_storage"],
-        hardware=hardware, model=model_spec, spec=dict(spec), workload=dict(wl), memory=dict(mem),
-        hisparse=dict(tree["hisparse"]), ulacache=dict(tree["ulacache"]), fidelity=dict(fid),
-        output=dict(tree["output"]), costs=dict(tree["costs"]), raw=copy.deepcopy(tree),
-    )
+        hardware=hardware, model=model_spec, costs=dict(tree["costs"]), raw=copy.deepcopy(tree), **sections)
 
 
 def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
