@@ -1,4 +1,4 @@
-"""One `--set` parser (sim.config.parse_set) for replay, sweep (`--set` and `--grid`) and plan: the three commands
+"""One `--set` parser (sim.config.parse_set) for replay, sweep (`--set` and `--grid`), plan (and sensitivity): they
 accept the same items with the same typed values and refuse the same items with the same one-line message."""
 from __future__ import annotations
 
@@ -57,9 +57,10 @@ def test_replay_sweep_plan_refuse_alike(item, expect, cfg, tmp_path, capsys):
                   str(tmp_path / "s")], capsys)
     plan = _err(["plan", "--model", "glm-5.2", "--hardware", "h200", "--slo-tpot-ms", "50", "--config", str(cfg),
                  "--workers", "1", "--set", item, "--out", str(tmp_path / "p")], capsys)
+    sensitivity = _err(["sensitivity", str(cfg), "--out", str(tmp_path / "t"), "--set", item], capsys)
     assert expect in replay
-    assert replay == sweep == plan
-    assert not any((tmp_path / d).exists() for d in ("r", "s", "p"))
+    assert replay == sweep == plan == sensitivity
+    assert not any((tmp_path / d).exists() for d in ("r", "s", "p", "t"))
 
 
 @pytest.mark.parametrize("item,expect", [b for b in BAD if "," not in b[0] and "{" not in b[0]],
