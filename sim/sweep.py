@@ -351,6 +351,13 @@ def _run_inprocess(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_d
         on_done(point, run_point(replay_fn, point.config, str(sweep_dir / POINTS_DIR / point.point_id), isolate))
 
 
+def ray_start_error(exc: BaseException, workers: int, address: str | None) -> OSError:
+    """A Ray that did not start (often an address-space limit: its processes map several GB each) as one line."""
+    where = f"the Ray cluster at {address}" if address else f"a local Ray for --workers {workers}"
+    return OSError(f"could not start {where} ({_one_line(exc)[:200]}); rerun with --workers 1 to replay the points "
+                   "in this process, or raise the memory limit")
+
+
 def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, workers: int,
              address: str | None, isolate: bool | None = None) -> None:
     import logging
@@ -360,12 +367,16 @@ def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, w
 
     started = False
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-        else:
-            # address="local": always a fresh local instance, even when `ray start` left a cluster file around
-            ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
-                     log_to_driver=False)
+        try:
+            if address:
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            else:
+                # address="local": always a fresh local instance, even when `ray start` left a cluster file around
+                ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
+                         log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes do not come up
+            ray.shutdown()  # whatever part of the node did start
+            raise ray_start_error(exc, workers, address) from None
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
@@ -533,8 +544,12 @@ def run_demo_sweeps(config_path, out_dir, workers: int = 2, resume: bool = False
         import ray
 
         if not ray.is_initialized():
-            ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
-                     log_to_driver=False)
+            try:
+                ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
+                         log_to_driver=False)
+            except Exception as exc:  # noqa: BLE001 - see _run_ray
+                ray.shutdown()
+                raise ray_start_error(exc, workers, None) from None
             started = True
     try:
         return {name: run_sweep(config_path, parse_grid(grid), out_dir / name, sets=sets, workers=workers,
