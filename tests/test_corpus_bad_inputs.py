@@ -79,6 +79,9 @@ FILES = {
                                             "history_len": 10}) for s in range(2)) + "\n",
     "cap_corrupt.npz": b"PK\x03\x04 not really a zip",
     "afile": "I am a file, not a directory\n",
+    # calibrations
+    "cal_dupkey.yaml": "costs:\n  launch_s: 4.0e-6\n  launch_s: 9.0e-6\n",
+    "cal_bomb.yaml": "provenance:\n" + "".join(f"  {line}\n" for line in BOMB.splitlines()) + "costs: {}\n",
 }
 
 
@@ -292,6 +295,18 @@ CASES = [
                               "--resume", "--workers", "1"], "no sweep to resume"),
     ("sweep-workers-0", sweep("--grid", "system=sglang", "--workers", "0"), "--workers must be >= 1"),
     ("sweep-config-missing", sweep("--grid", "system=sglang", cfg="nope.yaml"), "config file not found"),
+    ("sweep-set-unknown-key", sweep("--grid", "system=sglang", "--set", "workload.bogus=1"),
+     "good.yaml: unknown config key 'workload.bogus'"),
+    ("sweep-set-empty-value", sweep("--grid", "system=sglang", "--set", "workload.seed="), "bad --set"),
+    ("sweep-set-duplicate-key", sweep("--grid", "system=sglang", "--set", "costs={a: 1, a: 2}"), "duplicate key 'a'"),
+    ("sweep-grid-list-value", sweep("--grid", "spec.accept_probs=[1]"), "grid values are scalars"),
+    ("sweep-grid-bad-key-chars", sweep("--grid", "work-load.seed=1,2"), "bad --grid 'work-load.seed=1,2'"),
+    ("plan-set-unknown-key", PLAN + ["--set", "workload.bogus=1", "--out", "{ws}/p"],
+     "good.yaml: unknown config key 'workload.bogus'"),
+    ("plan-set-empty-value", PLAN + ["--set", "workload.seed=", "--out", "{ws}/p"], "bad --set 'workload.seed='"),
+    ("replay-set-empty-value", replay("--set", "workload.seed="), "bad --set 'workload.seed='"),
+    ("replay-calibration-duplicate-key", replay("--calibration", "{ws}/cal_dupkey.yaml"), "duplicate key 'launch_s'"),
+    ("replay-calibration-alias-bomb", replay("--calibration", "{ws}/cal_bomb.yaml"), "alias bomb"),
     # ---- plans
     ("plan-negative-slo", PLAN[:6] + ["-1", "--out", "{ws}/p"], "--slo-tpot-ms must be > 0"),
     ("plan-zero-gpu-kv", PLAN + ["--gpu-kv-gb", "0", "--out", "{ws}/p"], "--gpu-kv-gb must be > 0"),
