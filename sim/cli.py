@@ -12,7 +12,8 @@ def register(subparsers) -> None:
         "--set overrides any dotted key. Writes OUT/metrics.json, OUT/config.yaml and OUT/timeline.parquet.")
     p.add_argument("config", type=Path, help="replay config YAML")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set system=hisparse --set spec.draft_tokens=4")
+                   help="override a config key, e.g. --set system=hisparse --set spec.draft_tokens=4; the "
+                        "value read as YAML (8, true, 2.5e9, [0.5, 0.5], null for none), the same for replay, sweep and plan")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--calibration", type=Path, default=None, help="calibration YAML from `ulacache hw calibrate`")
     p.add_argument("--trace-events", type=Path, default=None,

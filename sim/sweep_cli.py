@@ -13,9 +13,10 @@ def register(subparsers) -> None:
         "--grid workload.max_concurrency=1,4,16 --out out/sweep")
     sw.add_argument("config", type=Path, help="base replay config (YAML)")
     sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
-                    help="a dotted config key and its values; repeat for a cartesian product")
+                    help="a dotted config key and its values, each typed as --set types it; repeat for a "
+                    "cartesian product")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                    help="override a config key for every point")
+                    help="override a config key for every point; value read as YAML (8, true, 2.5e9, [0.5, 0.5], null for none), the same for replay, sweep and plan")
     sw.add_argument("--out", type=Path, required=True, help="sweep dir (must not exist unless --resume)")
     sw.add_argument("--workers", type=int, default=None,
                     help="parallel replays (default: CPU count); 1 runs in-process without Ray")
@@ -44,7 +45,7 @@ def register(subparsers) -> None:
     pl.add_argument("--config", type=Path, default=None,
                     help="base config for the workload and other keys (default: configs/demo.yaml)")
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                    help="extra config override for every replay")
+                    help="extra config override for every replay; value read as YAML (8, true, 2.5e9, [0.5, 0.5], null for none), the same for replay, sweep and plan")
     pl.add_argument("--max-concurrency", type=int, default=None,
                     help="upper end of the search (default: workload.num_requests)")
     pl.add_argument("--requests-per-cap", type=int, default=0,
