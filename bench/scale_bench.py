@@ -135,6 +135,7 @@ def main() -> int:
     ap.add_argument("--only", default="pinned,batch1,paper,paper-full")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     ap.add_argument("--filter", default="", help="run only replays whose label contains this")
+    ap.add_argument("--timeout-s", type=float, default=None, help="override each replay's time limit")
     args = ap.parse_args()
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {"bench": "scale", "sections": {}}
@@ -149,7 +150,7 @@ def main() -> int:
         for label, config, overrides, as_gb, timeout in section_runs(section):
             if args.filter and args.filter not in label:
                 continue
-            row = _judge(section, run_one(config, overrides, as_gb, timeout))
+            row = _judge(section, run_one(config, overrides, as_gb, args.timeout_s or timeout))
             rows[label] = row
             print(f"{section:10s} {label:36s} {row['status']:>10s} {row['wall_s']:8.1f} s {row['cpu_s'] or 0:8.1f} cpu-s "
                   f"{row['peak_rss_gb'] or 0:6.2f} GB {'ok' if row['meets_target'] else 'MISSES TARGET'}", flush=True)
