@@ -121,7 +121,7 @@ def section_runs(section: str) -> list[tuple[str, object, list[str], float, floa
                         tree = {**PINNED, "system": system, "attention": att, "spec": {"draft_tokens": draft},
                                 "hardware": {"preset": hw, "num_gpus": 8},
                                 "workload": {"num_requests": 4, "max_concurrency": 1, "seed": 1}}
-                        runs.append((f"{system}-{att}-{hw}-draft{draft}", tree, [], 6.0, 300.0))
+                        runs.append((f"{system}-{att}-{hw}-draft{draft}", tree, [], 8.0, 300.0))
     elif section == "paper":
         runs.append(("ulacache-tp-h200-specon", PAPER, [], 8.0, 600.0))
     elif section == "paper-full":

@@ -237,7 +237,7 @@ class PolicyRunner:
 
             def cost(kk: int) -> float:
                 fixed, per_entry = probe_cache(make_cache, kk, bound.slots(kk))
-                return num_groups * (fixed + GROWTH * per_entry * bound.cache_entries(kk))
+                return num_groups * (fixed + GROWTH * per_entry * bound.slots(kk))  # the fullest rank's entries
 
             limit = PILOT_MAX_BYTES
         else:
