@@ -396,3 +396,36 @@ def test_dense_buffer_maps_switch_to_hash_as_addresses_grow(monkeypatch):
     assert isinstance(c.buffers.maps, slot_map.DenseSlotMaps)
     c.alloc(0, 6000)
     assert isinstance(c.buffers.maps, slot_map.HashSlotMaps)
+
+
+@pytest.mark.parametrize("floor,mode", [(65536, "log"), (0, "log"), (65536, "auto")])
+def test_lru_log_selects_what_a_scan_of_the_pool_selects(monkeypatch, floor, mode):
+    """The stamp log (work follows the slots taken) gives exactly the backend's lru_select over the whole pool,
+    through growth, frees, re-use within a step, protection and log rebuilds."""
+    import ulacache.lru_log as lru_log
+    from ulacache.backends.numpy_backend import NumpyBackend
+    from ulacache.pools import Pool
+
+    monkeypatch.setattr(lru_log, "REBUILD_FLOOR", floor)  # 0: rebuilt from the pool at nearly every touch
+    be, rng = NumpyBackend(), np.random.default_rng(5)
+    logged, scanned = Pool(3, 3000, exact_lru=True), Pool(3, 3000)
+    logged.log = lru_log.LruLog(logged, mode)
+    for step in range(60):
+        want = rng.integers(0, 120, 3)
+        for p in (logged, scanned):
+            idx, _ = p.take_free(be, want)
+            p.own[idx] = np.arange(idx.size) + 1
+            p.touch(idx, step)
+        occ = np.flatnonzero(scanned.own >= 0)
+        prot = rng.choice(occ, min(occ.size, 40), replace=False) if occ.size else occ
+        counts = rng.integers(0, 60 if step % 20 < 12 else 2000, 3)  # small and large selections (auto mode)
+        a, fa = logged.lru_select(be, counts, prot)
+        eligible = scanned.own >= 0
+        eligible[prot] = False
+        b, fb = be.lru_select(scanned.stamp, eligible, scanned.cap, counts)
+        assert np.array_equal(a, b) and np.array_equal(fa, fb)
+        gone = a[rng.random(a.size) < 0.3]
+        for p in (logged, scanned):
+            p.touch(a, step)  # the slots taken and the protected ones are re-stamped at commit
+            p.touch(prot, step)
+            p.give_back(be, gone)

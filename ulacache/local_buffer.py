@@ -44,7 +44,7 @@ class _BufState:
 class LocalBuffers:
     def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_limit: int | None = None):
         self.be, self.R, self.slots = be, num_ranks, slots
-        self.pool = Pool(num_ranks, slots)  # buffer-local places r * seg + s
+        self.pool = Pool(num_ranks, slots, exact_lru=True)  # buffer-local places r * seg + s
         self.seg = self.pool.seg
         self.num_places = self.pool.num_places
         self.base = base_place  # unified place of buffer-local place 0
@@ -71,6 +71,15 @@ class LocalBuffers:
         uix = self.space.index(uniq)
         hits, miss_idx, counts = [], [], np.zeros(R, dtype=np.int64)
         for r in range(R):  # loop over ranks; per rank, slices [0, lo) and [hi, U) (views, no index arrays)
+            if self.maps.one_lookup_per_rank:
+                rem = np.concatenate([np.arange(bounds[r]), np.arange(bounds[r + 1], uniq.size)])
+                bs = self.maps.get(r, uniq.take(rem))
+                held = bs >= 0
+                hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
+                m = rem.take(np.flatnonzero(~held))
+                miss_idx.append(m)
+                counts[r] += m.size
+                continue
             for off, end in ((0, bounds[r]), (bounds[r + 1], uniq.size)):
                 bs = self.maps.lookup(r, uniq[off:end], uix[off:end])
                 held = bs >= 0
@@ -104,8 +113,8 @@ class LocalBuffers:
             self.maps.delete_rank(r, v.take(np.flatnonzero(v >= 0)))  # held by rank r: never one of its misses
             self.maps.set_rank(r, st.miss_addrs[sl], st.dests[sl] - r * self.seg)
         pool.own[st.dest_idx] = st.miss_addrs
-        pool.stamp[st.hit_idx] = plan.now
-        pool.stamp[st.dest_idx] = plan.now
+        pool.touch(st.hit_idx, plan.now)
+        pool.touch(st.dest_idx, plan.now)
 
     def _held(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rank, index into addrs, buffer-local place) of every copy of `addrs`, grouped by rank."""

@@ -131,7 +131,9 @@ class Pool:
     `free_bm` are dense copies over all R * seg places (for snapshots). `num_free` are the committed free counts
     per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
-    def __init__(self, num_ranks: int, slots: int, base: int = 0):
+    def __init__(self, num_ranks: int, slots: int, base: int = 0, exact_lru: bool = False):
+        from .lru_log import LruLog
+
         self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
         self.num_places = num_ranks * self.seg
         self.rows = RankRows(num_ranks, self.seg, self.seg)
@@ -143,6 +145,7 @@ class Pool:
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
         self.in_use = np.zeros(num_ranks, dtype=np.int64)
         self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
+        self.log = LruLog(self) if exact_lru else None  # exact LRU order kept per stamp (lru_log.py)
 
     @property
     def cap(self) -> int:
@@ -175,6 +178,9 @@ class Pool:
         bm |= row
         nz = self.free_nz.reshape(self.R, -1)
         nz |= row.view("<u8") != 0
+        if self.log is not None and self.log.active and self.R > 1 and old:
+            cap = self.cap
+            self.log.remap(lambda a: a + (a // old) * (cap - old))
         for grow in self.listeners:
             grow(old)
 
@@ -212,8 +218,17 @@ class Pool:
         self._write_free(be, idx, True)
         self.in_use -= np.bincount(self.rank_of_idx(idx), minlength=self.R)
 
+    def touch(self, idx: np.ndarray, stamp: int) -> None:
+        """Set the recency stamp of slots (and log it when the pool keeps an exact LRU order)."""
+        self.stamp[idx] = stamp
+        if self.log is not None:
+            self.log.touch(idx, stamp)
+
     def lru_select(self, be, counts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per rank, the counts[r] occupied slots (not in `protected`) with the smallest (stamp, slot), as idx."""
+        """Per rank, the counts[r] occupied slots (not in `protected`) with the smallest (stamp, slot), as idx:
+        from the stamp log when kept (work follows the slots taken), else the backend's scan of the pool."""
+        if self.log is not None and self.log.use_log(counts):
+            return self.log.select(counts, protected)
         eligible = self.own >= 0
         eligible[protected] = False
         s, f = be.lru_select(be.asarray(self.stamp), be.asarray(eligible), max(self.cap, 64), be.asarray(counts))

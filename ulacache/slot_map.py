@@ -43,6 +43,8 @@ class DenseSlotMaps:
     def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
         return self.table[r].take(self.space.index(addrs)).astype(np.int64)
 
+    one_lookup_per_rank = False
+
     def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
         """get(r, addrs) given the addresses' storage positions `ix` too (no translation)."""
         return self.table[r].take(ix).astype(np.int64)
@@ -71,7 +73,7 @@ class HashSlotMap:
     rebuilt when live keys plus tombstones pass 3/4). Keys are distinct non-negative addresses."""
 
     def __init__(self, capacity: int = 0):
-        self.bits = max(6, int(np.ceil(np.log2(max(2 * min(capacity, 512), 2)))))  # grows with the keys held
+        self.bits = max(6, int(np.ceil(np.log2(max(2 * capacity, 2)))))  # sized by the buffer: no rebuilds
         self._alloc()
 
     def _alloc(self) -> None:
@@ -170,6 +172,8 @@ class HashSlotMaps:
     def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
         return self.maps[r].get(addrs)
 
+    one_lookup_per_rank = True  # each probe round has a fixed cost: look the remote slices up together
+
     def _by_rank(self, ranks: np.ndarray):
         for r in np.unique(ranks).tolist():  # loop over ranks
             yield r, np.flatnonzero(ranks == r)
@@ -192,17 +196,28 @@ class HashSlotMaps:
         return self.maps[r].items()
 
 
+DENSE_FREE_BYTES = 16 << 20  # a dense table this small is always fine
+HASH_BYTES_PER_KEY = 48  # keys + values (int64) at the hash table's <= 1/2 load
+
+
+def _dense_ok(num_ranks: int, addresses: int, capacity: int, dense_limit: int) -> bool:
+    """Dense while its bytes stay under dense_limit and within twice what full hash maps would take (or under
+    DENSE_FREE_BYTES): speed where it costs little, memory by the copies held where addresses far outnumber them."""
+    dense = num_ranks * max(addresses, 1) * 4
+    return dense <= min(dense_limit, max(2 * HASH_BYTES_PER_KEY * num_ranks * capacity, DENSE_FREE_BYTES))
+
+
 def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int) -> DenseSlotMaps | HashSlotMaps:
-    """All ranks' maps: dense while num_ranks x (addresses in storage) x 4 bytes <= dense_limit, else hash maps
-    (the owner switches a dense map to hash maps when address storage outgrows the limit, see `fits`)."""
-    if num_ranks * max(space.table.size, 1) * 4 <= dense_limit:
+    """All ranks' maps: dense or hash (`_dense_ok` on the addresses in storage); the owner switches a dense map to
+    hash maps when address storage outgrows that (see `fits`)."""
+    if _dense_ok(num_ranks, space.table.size, capacity, dense_limit):
         return DenseSlotMaps(num_ranks, space)
     return HashSlotMaps(num_ranks, capacity)
 
 
 def fits(maps, capacity: int, dense_limit: int):
-    """`maps`, or the same maps as hash maps once a dense table has grown past dense_limit bytes."""
-    if isinstance(maps, DenseSlotMaps) and maps.table.nbytes > dense_limit:
+    """`maps`, or the same maps as hash maps once a dense table has outgrown `_dense_ok`."""
+    if isinstance(maps, DenseSlotMaps) and not _dense_ok(maps.R, maps.table.shape[1], capacity, dense_limit):
         return maps.to_hash(capacity)
     return maps
 

@@ -41,11 +41,12 @@ class ExchangeState:
 
 class ExclusivePolicy:
     exclusive = True
+    exact_lru = False  # the GPU pool keeps an exact LRU order (lru)
 
     def __init__(self, cfg, be):
         self.cfg, self.be = cfg, be
         R = cfg.num_ranks
-        self.gpu = Pool(R, cfg.gpu_slots)
+        self.gpu = Pool(R, cfg.gpu_slots, exact_lru=self.exact_lru)
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.gpu.num_places)
         self.num_places = self.gpu.num_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots, self.num_places)
@@ -108,7 +109,7 @@ class ExclusivePolicy:
         places[gi] = self.gpu.places(gidx)
         self.gpu.num_free -= g_counts
         self.gpu.own[gidx] = addrs[gi]
-        self.gpu.stamp[gidx] = self.step
+        self.gpu.touch(gidx, self.step)
         self._on_alloc(gidx)
         self.space.set_places(addrs, places)
         offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -170,8 +171,8 @@ class ExclusivePolicy:
             self.cpu.release(st.miss_src[~has_v])
             gpu.num_free -= np.bincount(st.dests[~has_v] // gpu.seg, minlength=self.cfg.num_ranks)
         gpu.own[st.dest_gidx] = st.miss_addrs
-        gpu.stamp[st.hit_gidx] = now
-        gpu.stamp[st.dest_gidx] = now
+        gpu.touch(st.hit_gidx, now)
+        gpu.touch(st.dest_gidx, now)
         self.pending_d2h[:] = 0
         self.step = now
         self._rotate(now + 1)

@@ -11,6 +11,7 @@ from .exclusive import ExclusivePolicy
 
 class LruPolicy(ExclusivePolicy):
     name = "lru"
+    exact_lru = True
 
     def _select(self, hit_gidx, m_counts, now):
         dests, found = self.gpu.select_free_then_lru(self.be, m_counts, hit_gidx)  # this batch's hits are protected
