@@ -196,7 +196,7 @@ class HashSlotMaps:
         return self.maps[r].items()
 
 
-DENSE_FREE_BYTES = 16 << 20  # a dense table this small is always fine
+DENSE_FREE_BYTES = 1 << 20  # a dense table this small is always fine
 HASH_BYTES_PER_KEY = 48  # keys + values (int64) at the hash table's <= 1/2 load
 
 
