@@ -95,9 +95,10 @@ def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
 
 
 def _room(cache) -> int:
+    """Tokens the probe may allocate on rank 0 (TP spreads them over every rank's pools)."""
     c = cache.config
     per_rank = c.cpu_slots if c.policy == "hisparse" else c.gpu_slots + c.cpu_slots
-    return c.num_ranks * per_rank
+    return per_rank * (c.num_ranks if c.mode == "tp" and c.policy != "hisparse" else 1)
 
 
 def estimate(cfg, system, requests, make_cache) -> dict:
