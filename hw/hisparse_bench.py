@@ -113,8 +113,8 @@ def derive_costs(points: list[dict], h2d_bw_bytes_s: float) -> dict:
     X = [[1.0, p["batch"] * p["top_k"]] for p in points]
     f = fit_nonnegative(X, [p["skip_io_us"] * 1e-6 for p in points], ["const_s", "per_ref_s"])
     table = {int(p["batch"]): round(min(1.0, p["copy_gbps"] * 1e9 / h2d_bw_bytes_s), 4) for p in points}
-    return {"hisparse_per_ref_s": f["per_ref_s"], "hisparse_swapin_efficiency_by_batch": table,
-            "_fit": f}
+    return {"hisparse_per_ref_s": f["per_ref_s"], "hisparse_swapin_fixed_s": f["const_s"],
+            "hisparse_swapin_efficiency_by_batch": table, "_fit": f}
 
 
 def summarize(res: dict, block: int) -> None:
