@@ -15,7 +15,7 @@ def register(subparsers) -> None:
                    help="override a config key, e.g. --set system=hisparse --set spec.draft_tokens=4; the "
                         "value read as YAML (8, true, 2.5e9, [0.5, 0.5], null for none), the same for replay, sweep and plan")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--calibration", type=Path, default=None, help="calibration YAML from `ulacache hw calibrate`")
+    p.add_argument("--calibration", type=Path, default=None, help="calibration YAML from `ulacache hw calibrate`; default: the preset's committed calibration (hw/calibration/), 'none' for the uncalibrated costs.yaml")
     p.add_argument("--trace-events", type=Path, default=None,
                    help="write a Chrome/Perfetto trace of the first output.trace_event_steps decode steps")
     p.add_argument("--trace", type=Path, default=None,
