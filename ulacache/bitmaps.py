@@ -35,8 +35,8 @@ class BucketBitmaps:
 
     def _grow(self, old: int) -> None:
         rows = self.pool.rows
-        self.ring_bits = np.stack([rows.relayout(r, old, 0, 1 / 8) for r in self.ring_bits])
-        self.ring_nz = np.stack([rows.relayout(r, old, False, 1 / 64) for r in self.ring_nz])
+        self.ring_bits = rows.relayout_stacked(self.ring_bits, old, 0, 1 / 8)
+        self.ring_nz = rows.relayout_stacked(self.ring_nz, old, False, 1 / 64)
         self.cold_bits = rows.relayout(self.cold_bits, old, 0, 1 / 8)
         self.cold_nz = rows.relayout(self.cold_nz, old, False, 1 / 64)
 

@@ -116,10 +116,22 @@ class RankRows:
         """`arr` (R rows of old * per_id elements, trailing dims kept) re-laid to rows of cap * per_id elements."""
         o, n = int(old * per_id), int(self.cap * per_id)
         trail = arr.shape[1:]
-        out = np.full((self.R, n, *trail), fill, dtype=arr.dtype)
+        out = np.empty((self.R, n, *trail), dtype=arr.dtype)  # each element written once (no fill then copy)
+        out[:, o:] = fill
         if o:
             out[:, :o] = arr.reshape(self.R, o, *trail)
         return out.reshape(self.R * n, *trail)
+
+    def relayout_stacked(self, arr: np.ndarray, old: int, fill, per_id: float = 1) -> np.ndarray:
+        """`relayout` of each row of a 2-D `arr` (M tables laid out like the ids), into one (M, R * cap * per_id)
+        array written once (no per-table copies stacked afterwards)."""
+        o, n = int(old * per_id), int(self.cap * per_id)
+        m = arr.shape[0]
+        out = np.empty((m, self.R, n), dtype=arr.dtype)
+        out[:, :, o:] = fill
+        if o:
+            out[:, :, :o] = arr.reshape(m, self.R, o)
+        return out.reshape(m, self.R * n)
 
 
 class Pool:

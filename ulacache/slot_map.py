@@ -25,7 +25,7 @@ class DenseSlotMaps:
         space.listeners.append(self._grow)
 
     def _grow(self, old: int) -> None:
-        self.table = np.stack([self.space.rows.relayout(t, old, -1) for t in self.table])
+        self.table = self.space.rows.relayout_stacked(self.table, old, -1)
 
     def to_hash(self, capacity: int) -> HashSlotMaps:
         """The same maps as hash maps (this table stops following the address space)."""
