@@ -20,10 +20,22 @@ from ..pools import CpuPools, Pool, merge_by_rank
 
 def interleave(quota: np.ndarray) -> np.ndarray:
     """Rank sequence holding rank r quota[r] times, round-robin (0, 1, .., 0, 1, ..) while quotas last."""
-    seq = np.repeat(np.arange(quota.size, dtype=np.int64), quota)
+    R = quota.size
+    if R == 0 or not quota.any():
+        return np.zeros(0, dtype=np.int64)
+    seq = np.repeat(np.arange(R, dtype=np.int64), quota)
     start = np.cumsum(quota) - quota
-    occurrence = np.arange(seq.size) - start[seq]
-    return seq[np.argsort(occurrence * quota.size + seq, kind="stable")]
+    key = np.arange(seq.size) - start[seq]  # occurrence within its rank
+    key *= R
+    key += seq  # distinct keys < max(quota) * R: scatter into a grid and compact instead of sorting them
+    grid = np.full(int(quota.max()) * R, R, dtype=_small_int(R + 1))
+    grid[key] = seq
+    return grid[grid < R].astype(np.int64)
+
+
+def _small_int(n: int):
+    """Smallest signed integer dtype holding 0..n (rank keys: narrow keys make stable sorts radix sorts)."""
+    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32 if n < 2**31 else np.int64
 
 
 @dataclass
@@ -92,10 +104,13 @@ class ExclusivePolicy:
         addrs = np.empty(n, dtype=np.int64)
         places = np.empty(n, dtype=np.int64)
         g_counts = np.zeros(R, dtype=np.int64)
+        # Tokens grouped by rank, ascending within a rank (one radix sort on narrow keys instead of a scan per rank).
+        by_rank = np.argsort(tok_rank.astype(_small_int(R)), kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(tok_rank, minlength=R))]).tolist()
         for r in range(R):  # loop over ranks
-            idx = np.flatnonzero(tok_rank == r)
-            if idx.size == 0:
+            if bounds[r] == bounds[r + 1]:
                 continue
+            idx = by_rank[bounds[r]:bounds[r + 1]]
             addrs[idx] = self.space.pop_ids(r, idx.size)
             if not tp:
                 tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
@@ -103,8 +118,7 @@ class ExclusivePolicy:
             ci = idx[~tok_gpu[idx]]
             places[ci] = self.cpu.free[r].pop(ci.size)
             self.pending_d2h[r] += ci.size
-        gi = np.flatnonzero(tok_gpu)
-        gi = gi[np.argsort(tok_rank[gi], kind="stable")]  # grouped by rank, like select_first's output
+        gi = by_rank[tok_gpu[by_rank]]  # GPU tokens grouped by rank, like select_first's output
         gidx, _ = self.gpu.take_free(be, g_counts)
         places[gi] = self.gpu.places(gidx)
         self.gpu.num_free -= g_counts
