@@ -12,6 +12,8 @@ import numpy as np
 
 DENSE_LIMIT_BYTES = 256 << 20  # per cache, all ranks together; above it the local buffers use hash maps
 _EMPTY, _TOMB = -1, -2
+_WINDOW = 8  # probe steps per round of a vectorized lookup
+_SCALAR_TAIL = 32  # probe rounds with at most this many keys pending run in plain Python (no per-round array calls)
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
 
@@ -92,15 +94,37 @@ class HashSlotMap:
         mask = (1 << self.bits) - 1
         pos = self._home(addrs)
         out = np.full(addrs.size, -1, dtype=np.int64)
-        pending = np.arange(addrs.size)
-        while pending.size:
-            p = pos.take(pending)
+        # First probe of every key (most end there), then _WINDOW probe steps per round for the keys left.
+        k = self.keys.take(pos)
+        found = k == addrs
+        out[found] = pos[found]
+        pending = np.flatnonzero(~found & (k != _EMPTY))
+        pos[pending] = (pos.take(pending) + 1) & mask
+        win = np.arange(_WINDOW)
+        while pending.size > _SCALAR_TAIL:
+            # _WINDOW probe steps per round: the chain ends at the key or at the first empty position, whichever
+            # comes first (keys are distinct; the same answer as one step per round, in fewer array calls).
+            p = (pos.take(pending)[:, None] + win) & mask
             k = self.keys.take(p)
-            found = k == addrs.take(pending)
-            out[pending[found]] = p[found]
-            go = np.flatnonzero(~found & (k != _EMPTY))
+            a = addrs.take(pending)
+            found = k == a[:, None]
+            stop = found | (k == _EMPTY)
+            first = stop.argmax(axis=1)
+            ended = stop[np.arange(first.size), first]
+            hit = np.flatnonzero(found[np.arange(first.size), first] & ended)
+            out[pending.take(hit)] = p[hit, first.take(hit)]
+            go = np.flatnonzero(~ended)
             pending = pending.take(go)
-            pos[pending] = (p.take(go) + 1) & mask
+            pos[pending] = (p[go, -1] + 1) & mask
+        if pending.size:  # the few keys on long probe chains: probe one by one (a round costs ~10 array calls)
+            keys = self.keys
+            for i, p, a in zip(pending.tolist(), pos.take(pending).tolist(), addrs.take(pending).tolist()):
+                k = int(keys[p])
+                while k != a and k != _EMPTY:
+                    p = (p + 1) & mask
+                    k = int(keys[p])
+                if k == a:
+                    out[i] = p
         return out
 
     def get(self, addrs: np.ndarray) -> np.ndarray:
@@ -114,7 +138,7 @@ class HashSlotMap:
         mask = (1 << self.bits) - 1
         pos = self._home(addrs)
         pending = np.arange(addrs.size)
-        while pending.size:
+        while pending.size > _SCALAR_TAIL:
             p = pos.take(pending)
             k = self.keys.take(p)
             free = np.flatnonzero(k < 0)
@@ -133,6 +157,29 @@ class HashSlotMap:
             go = np.flatnonzero(lose)
             pending = pending.take(go)
             pos[pending] = (p.take(go) + 1) & mask
+        if pending.size:  # the few keys left: the same rounds, one key at a time (lowest index first wins)
+            self._set_scalar(pending.tolist(), pos.take(pending).tolist(), addrs, slots, mask)
+
+    def _set_scalar(self, pending: list, pos: list, addrs: np.ndarray, slots: np.ndarray, mask: int) -> None:
+        """`set`'s probing rounds for a few pending keys in plain Python: each round, every pending key looks at
+        its position; of the keys finding the same free position the lowest index claims it, the rest move on."""
+        keys, vals = self.keys, self.vals
+        while pending:
+            claimed: dict[int, int] = {}
+            nxt_i, nxt_p = [], []
+            for i, p in zip(pending, pos):
+                if keys[p] < 0 and p not in claimed:
+                    claimed[p] = i
+                else:
+                    nxt_i.append(i)
+                    nxt_p.append((p + 1) & mask)
+            for p, i in claimed.items():
+                if keys[p] == _TOMB:
+                    self.tombs -= 1
+                keys[p] = addrs[i]
+                vals[p] = slots[i]
+            self.live += len(claimed)
+            pending, pos = nxt_i, nxt_p
 
     def delete(self, addrs: np.ndarray) -> None:
         pos = self._find(addrs)
