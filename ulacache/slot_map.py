@@ -21,22 +21,34 @@ class DenseSlotMaps:
     """Every rank's address -> slot table as one (R, addresses in storage) int32 array; keys are allocated
     addresses of `space` (an AddressSpace) and the table follows its storage rows. One gather answers all ranks."""
 
-    def __init__(self, num_ranks: int, space):
+    def __init__(self, num_ranks: int, space, capacity: int | None = None, dense_limit: int | None = None):
         self.R, self.space = num_ranks, space
         self.table = np.full((num_ranks, space.table.size), -1, dtype=np.int32)
+        # With the owner's limits (make_slot_maps), a growth past `_dense_ok` converts straight to hash maps from
+        # the old layout (`fits` hands them over) instead of re-laying a table that is dropped right after.
+        self._limits = (capacity, dense_limit)
+        self.outgrown: HashSlotMaps | None = None
         space.listeners.append(self._grow)
 
     def _grow(self, old: int) -> None:
+        capacity, limit = self._limits
+        if capacity is not None and not _dense_ok(self.R, self.space.table.size, capacity, limit):
+            self.outgrown = self._hash_maps(capacity, old)
+            return
         self.table = self.space.rows.relayout_stacked(self.table, old, -1)
+
+    def _hash_maps(self, capacity: int, cap: int | None = None) -> HashSlotMaps:
+        """The same maps as hash maps; `cap`: the row length the table is laid out with (default: the space's)."""
+        out = HashSlotMaps(self.R, capacity)
+        for r in range(self.R):  # loop over ranks
+            keys, vals = self.items(r, cap)
+            out.maps[r].set(keys, vals)
+        return out
 
     def to_hash(self, capacity: int) -> HashSlotMaps:
         """The same maps as hash maps (this table stops following the address space)."""
         self.space.listeners.remove(self._grow)
-        out = HashSlotMaps(self.R, capacity)
-        for r in range(self.R):  # loop over ranks
-            keys, vals = self.items(r)
-            out.maps[r].set(keys, vals)
-        return out
+        return self.outgrown if self.outgrown is not None else self._hash_maps(capacity)
 
     def get_all(self, addrs: np.ndarray) -> np.ndarray:
         """(R, len(addrs)) slots, -1 where a rank holds no copy."""
@@ -64,10 +76,16 @@ class DenseSlotMaps:
     def delete_rank(self, r: int, addrs: np.ndarray) -> None:
         self.table[r][self.space.index(addrs)] = -1
 
-    def items(self, r: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rank r's (addresses ascending, slots)."""
+    def items(self, r: int, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rank r's (addresses ascending, slots); `cap`: the row length the table is laid out with, if not the
+        space's current one (a table not yet re-laid after a growth)."""
         at = np.flatnonzero(self.table[r] >= 0)
-        return self.space.rows.ids(at), self.table[r][at].astype(np.int64)
+        rows = self.space.rows
+        if cap is None or cap == rows.cap:
+            ids = rows.ids(at)
+        else:
+            ids = at if rows.R == 1 or cap == rows.stride else at + (at // cap) * (rows.stride - cap)
+        return ids, self.table[r][at].astype(np.int64)
 
 
 class HashSlotMap:
@@ -258,13 +276,14 @@ def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int) -> De
     """All ranks' maps: dense or hash (`_dense_ok` on the addresses in storage); the owner switches a dense map to
     hash maps when address storage outgrows that (see `fits`)."""
     if _dense_ok(num_ranks, space.table.size, capacity, dense_limit):
-        return DenseSlotMaps(num_ranks, space)
+        return DenseSlotMaps(num_ranks, space, capacity, dense_limit)
     return HashSlotMaps(num_ranks, capacity)
 
 
 def fits(maps, capacity: int, dense_limit: int):
     """`maps`, or the same maps as hash maps once a dense table has outgrown `_dense_ok`."""
-    if isinstance(maps, DenseSlotMaps) and not _dense_ok(maps.R, maps.table.shape[1], capacity, dense_limit):
+    if isinstance(maps, DenseSlotMaps) and (maps.outgrown is not None
+                                            or not _dense_ok(maps.R, maps.table.shape[1], capacity, dense_limit)):
         return maps.to_hash(capacity)
     return maps
 
