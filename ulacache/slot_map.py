@@ -165,10 +165,10 @@ class HashSlotMap:
             pf = p.take(free)
             self._claim[pf[::-1]] = free[::-1]
             win = free.take(np.flatnonzero(self._claim.take(pf) == free))
-            wp = p.take(win)
-            self.tombs -= int((self.keys.take(wp) == _TOMB).sum())
-            self.keys[wp] = addrs.take(pending.take(win))
-            self.vals[wp] = slots.take(pending.take(win))
+            wp, pw = p.take(win), pending.take(win)
+            self.tombs -= int((k.take(win) == _TOMB).sum())  # k: the keys there, read this round
+            self.keys[wp] = addrs.take(pw)
+            self.vals[wp] = slots.take(pw)
             self.live += win.size
             lose = np.ones(pending.size, dtype=bool)
             lose[win] = False
