@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+_TRIM_FACTOR = 4  # select_first trims its candidate words to each segment's first counts[r] when that cuts this much
 _BIT = (np.uint8(1) << np.arange(8, dtype=np.uint8)).astype(np.uint8)
 
 
@@ -76,6 +77,16 @@ class NumpyBackend:
         words = bitmap.view("<u8")
         words_per_seg = seg_slots // 64
         cand = np.flatnonzero(np.unpackbits(summary, bitorder="little")[: words.size])  # non-empty words, ascending
+        if nseg and cand.size > _TRIM_FACTOR * (int(counts.sum()) + nseg):
+            # A flagged word holds >= 1 set bit unless stale, so a segment's first counts[r] flagged words usually
+            # hold its answer: look only at those (exact: used where they hold counts[r] bits or are all there is).
+            starts = np.searchsorted(cand, np.arange(nseg + 1, dtype=np.int64) * words_per_seg)
+            ends = np.minimum(starts[:-1] + np.maximum(counts, 0), starts[1:])
+            n = ends - starts[:-1]
+            sub = cand.take(np.repeat(starts[:-1] - (np.cumsum(n) - n), n) + np.arange(int(n.sum())))
+            total = np.bincount(sub // words_per_seg, weights=np.bitwise_count(words[sub]), minlength=nseg)
+            if ((total >= counts) | (ends == starts[1:])).all():
+                cand = sub
         popc = np.bitwise_count(words[cand]).astype(np.int64)
         seg = cand // words_per_seg
         seg_total = np.bincount(seg, weights=popc, minlength=nseg).astype(np.int64)
