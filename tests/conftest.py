@@ -32,3 +32,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Test-sized requests for end-to-end replays (tests/test_sim_*.py take the `profile` fixture).
+TINY_PROFILE = """
+name: tiny
+description: test-sized requests
+input_tokens: {median_tokens: 3500, sigma: 0.5, min_tokens: 3000, cap_tokens: 4096}
+output_tokens: {median_tokens: 24, sigma: 0.5, min_tokens: 8, max_tokens: 48}
+arrival: {process: closed, rate_per_s: 1.0}
+selections: {top_k: 2048, calib_history_tokens: 3500}
+"""
+
+
+@pytest.fixture(scope="session")
+def profile(tmp_path_factory):
+    """Path of the tiny request profile above, written once per session."""
+    path = tmp_path_factory.mktemp("profile") / "tiny.yaml"
+    path.write_text(TINY_PROFILE)
+    return str(path)

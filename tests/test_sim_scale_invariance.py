@@ -9,15 +9,6 @@ import pytest
 
 import sim
 
-TINY_PROFILE = """
-name: tiny
-description: test-sized requests
-input_tokens: {median_tokens: 3500, sigma: 0.5, min_tokens: 3000, cap_tokens: 4096}
-output_tokens: {median_tokens: 24, sigma: 0.5, min_tokens: 8, max_tokens: 48}
-arrival: {process: closed, rate_per_s: 1.0}
-selections: {top_k: 2048, calib_history_tokens: 3500}
-"""
-
 BASE = {"model": {"preset": "glm-5", "weight_bytes": 100e9}, "hardware": {"preset": "h200", "num_gpus": 2},
         "workload": {"num_requests": 5, "max_concurrency": 5, "seed": 3},
         "memory": {"gpu_kv_bytes_per_gpu": 0.6e9, "cpu_kv_bytes_per_gpu": 20e9},
@@ -92,13 +83,6 @@ def run_config(name: str, profile: str) -> dict:
     cfg = {**BASE, **CONFIGS[name]}
     cfg["workload"] = {**BASE["workload"], "profile": profile}
     return sim.replay(cfg)
-
-
-@pytest.fixture(scope="module")
-def profile(tmp_path_factory):
-    path = tmp_path_factory.mktemp("profile") / "tiny.yaml"
-    path.write_text(TINY_PROFILE)
-    return str(path)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -4,22 +4,6 @@ import pytest
 
 import sim
 
-TINY_PROFILE = """
-name: tiny
-description: test-sized requests
-input_tokens: {median_tokens: 3500, sigma: 0.5, min_tokens: 3000, cap_tokens: 4096}
-output_tokens: {median_tokens: 24, sigma: 0.5, min_tokens: 8, max_tokens: 48}
-arrival: {process: closed, rate_per_s: 1.0}
-selections: {top_k: 2048, calib_history_tokens: 3500}
-"""
-
-
-@pytest.fixture(scope="module")
-def profile(tmp_path_factory):
-    path = tmp_path_factory.mktemp("profile") / "tiny.yaml"
-    path.write_text(TINY_PROFILE)
-    return str(path)
-
 
 def _config(profile, system="sglang", num_requests=16, cap=4):
     return {"system": system, "attention": "dp", "model": {"preset": "glm-5.2", "weight_bytes": 100e9},
