@@ -76,14 +76,13 @@ class NodeCosts:
 
 def load_costs(path: Path | None):
     """(CostModel, node view of it) for a calibration file (None: the simulator's defaults)."""
-    import yaml
-
     from sim.costs import CostModel
+    from traces.strict_yaml import read_yaml_file
 
     costs = CostModel.load("h200", "glm-5", calibration=path)
     pending = {}
     if path is not None:
-        prov = (yaml.safe_load(Path(path).read_text()) or {}).get("provenance") or {}
+        prov = (read_yaml_file(path) or {}).get("provenance") or {}
         pending = {k: v for k, v in (prov.get("pending_costs") or {}).items() if k in HOST_CAP_KEYS}
     return costs, NodeCosts(costs, pending)
 

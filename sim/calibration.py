@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from sim.presets import HARDWARE_PRESETS, HardwareSpec
+from traces.strict_yaml import read_yaml_file
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "hw" / "calibration"
 # preset name -> (reference preset whose measurement is used, calibration file name)
@@ -42,10 +41,7 @@ def read(path: Path) -> tuple[dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise OSError(f"calibration file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        raise ValueError(f"{path}: calibration is not valid YAML") from None
+    data = read_yaml_file(path)  # strict: duplicate keys, alias bombs and bad UTF-8 refused in one line
     if not isinstance(data, dict) or "costs" not in data:
         raise ValueError(f"{path}: a calibration file needs a top-level 'costs:' mapping")
     extra = set(data) - {"provenance", "costs"}

@@ -42,3 +42,17 @@ def test_defaults_file_read_strictly(tmp_path, monkeypatch):
     monkeypatch.setattr(sim.costs, "DEFAULTS_PATH", bad)
     with pytest.raises(ValueError, match="duplicate key 'launch_s'"):
         CostModel.load("h200", "glm-5.2", calibration="none")
+
+
+@pytest.mark.parametrize("reader", ["sim.calibration.read", "hw.validate.load_costs"])
+def test_every_calibration_reader_is_strict(reader, tmp_path):
+    """The calibration module and the hardware validator read the file themselves too: the same refusal."""
+    import importlib
+
+    mod_name, fn_name = reader.rsplit(".", 1)
+    read = getattr(importlib.import_module(mod_name), fn_name)
+    path = tmp_path / "cal.yaml"
+    path.write_text("provenance: {note: a}\nprovenance: {note: b}\ncosts: {launch_s: 4.0e-6}\n")
+    with pytest.raises(ValueError, match="duplicate key 'provenance'") as info:
+        read(path)
+    assert str(path) in str(info.value)
