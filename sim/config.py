@@ -40,6 +40,9 @@ SCHEMA: dict[str, Any] = {
         "seed": (0, "int"),
         "trace": (None, "opt_str"),  # trace dir (requests.parquet + trace.yaml); None = generate from profile
         "max_steps": (0, "int"),  # stop after this many decode steps (0 = run to completion)
+        # prompts: untimed (KV arrives with the request, PD decode node) | chunked (co-located, sim/prefill.py)
+        "prefill": ("untimed", "str", ("untimed", "chunked")),
+        "prefill_chunk_tokens": (None, "opt_int"),  # per step, all ranks; None = SGLang's default by GPU memory
     },
     "memory": {
         "gpu_kv_bytes_per_gpu": (None, "opt_float"),  # None = HBM - weights - gpu_reserve_bytes
@@ -440,6 +443,10 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
         value = tree["ulacache"][name]
         if value is not None and value < 0:
             raise ValueError(f"config key ulacache.{name} must be >= 0, got {value}")
+    chunk = wl["prefill_chunk_tokens"]
+    if chunk is not None and (chunk < 1 or (tree["attention"] == "dp" and chunk < hardware.num_gpus)):
+        raise ValueError(f"config key workload.prefill_chunk_tokens must be >= 1 (>= hardware.num_gpus under dp "
+                         f"attention: SGLang divides it over the DP ranks), got {chunk}")
     if tree["hisparse"]["page_slots"] < 1:
         raise ValueError(f"config key hisparse.page_slots must be >= 1, got {tree['hisparse']['page_slots']}")
 

@@ -323,27 +323,69 @@ class CostModel:
             out += tokens_per_gpu * num_gpus * m.hidden_size * 2.0 * 2.0 * (num_gpus - 1) / num_gpus
         return out
 
-    def prefill_chunk_s(self, num_tokens: float, context_tokens: float, num_gpus: int, tp_attention: bool) -> float:
-        """One chunk of chunked prefill (co-located with decode, issue 11 item 6): `num_tokens` new prompt tokens of
-        one request after `context_tokens` already in its KV, through every layer on the GPU(s) running it. Per
-        indexer layer: score every key so far for each new token (causal: token i sees context + i keys), top-k;
-        per layer: sparse MLA over min(keys, top_k) rows per token (TP: the rank's heads), projections + MoE (EP over
-        all GPUs) and the layer collectives (DP: the chunk's rank dispatches every token; TP: 1/N each). Writing the
-        chunk's KV to the host, where a system does, is `d2h_link_bytes(num_tokens x num_layers, row)` on PCIe."""
+    def prefill_attention_s(self, num_tokens: float, context_tokens: float, heads: float) -> float:
+        """One layer of sparse MLA for `num_tokens` new prompt tokens of one request after `context_tokens` already
+        in its KV: each token reads min(keys so far, top_k) latent rows for `heads` heads."""
         if num_tokens <= 0:
             return 0.0
         m = self.model
-        keys = context_tokens + num_tokens
-        pairs = num_tokens * (context_tokens + (num_tokens + 1) / 2.0)
-        heads = m.num_heads / num_gpus if tp_attention else m.num_heads
-        sel = min(keys, m.top_k)
+        sel = min(context_tokens + num_tokens, m.top_k)
         per_pair = 2.0 * (m.kv_lora_rank + m.rope_dim + m.kv_lora_rank)
-        attn = (self.kernel_overhead_s(self.values["attn_kernels_per_layer"])
+        return (self.kernel_overhead_s(self.values["attn_kernels_per_layer"])
                 + self.roofline_s(num_tokens * sel * heads * per_pair, num_tokens * sel * m.kv_bytes_per_token_layer,
                                   fp8=False))
-        ffn = self.ffn_s(num_tokens, num_gpus, attn_replicated=not tp_attention)
-        coll = self.layer_collectives_s(num_tokens / num_gpus if tp_attention else num_tokens, num_gpus, tp_attention)
-        return m.num_layers * (attn + ffn + coll) + m.num_index_groups * self.indexer_s(keys, pairs)
+
+    def prefill_indexer_s(self, num_tokens: float, context_tokens: float, key_share: float = 1.0) -> float:
+        """One indexer layer for the same piece: every new token scores every key so far (causal: token i sees
+        context + i keys), then top-k; `key_share` is the share of the keys this GPU stores and scores (a distributed
+        indexer: 1 / ranks)."""
+        if num_tokens <= 0:
+            return 0.0
+        keys = context_tokens + num_tokens
+        pairs = num_tokens * (context_tokens + (num_tokens + 1) / 2.0)
+        return self.indexer_s(keys * key_share, pairs * key_share)
+
+    def mixed_prefill_s(self, rank_pieces: list, decode_tokens: float, num_gpus: int, tp_attention: bool,
+                        key_share: float = 1.0, allgather_bytes: float = 0.0, extra_layers: float = 0.0) -> float:
+        """What prompt pieces add to a decode step of `decode_tokens` tokens (all GPUs) when they ride in the same
+        forward (SGLang's mixed chunked prefill). `rank_pieces`: per attention rank (DP: one list per GPU; TP: one
+        list every GPU computes with 1/N of the heads) the (new tokens, context tokens) of each request's piece.
+        Per layer a rank adds its pieces' attention and what the extra tokens add to the batch's projections + MoE
+        (EP over all GPUs: the weights are read once for the mixed batch; `ffn_s(decode + prompt) - ffn_s(decode)`)
+        and collectives (DP: a rank dispatches its own prompt tokens); per indexer layer its pieces' scoring (+ the
+        TP candidates' all-gather and merge where the system gathers, `allgather_bytes` per rank). The step waits for
+        its slowest rank. `extra_layers`: draft-model layers that also run over the prompt (EAGLE/MTP draft extend)."""
+        m = self.model
+        pieces = [[(float(t), float(c)) for t, c in rank if t > 0] for rank in rank_pieces]
+        prompt = sum(t for rank in pieces for t, _ in rank)
+        if prompt <= 0:
+            return 0.0
+        heads = m.num_heads / num_gpus if tp_attention else m.num_heads
+        dec_gpu = decode_tokens / num_gpus
+        ffn = (self.ffn_s(decode_tokens + prompt, num_gpus, attn_replicated=not tp_attention)
+               - self.ffn_s(decode_tokens, num_gpus, attn_replicated=not tp_attention))
+        base_coll = self.layer_collectives_s(dec_gpu, num_gpus, tp_attention)
+        gather = self.distributed_topk_s(allgather_bytes, prompt, num_gpus) if allgather_bytes > 0 else 0.0
+        worst = 0.0
+        for rank in pieces:
+            own = sum(t for t, _ in rank)
+            coll_tokens = (decode_tokens + prompt) / num_gpus if tp_attention else dec_gpu + own
+            coll = self.layer_collectives_s(coll_tokens, num_gpus, tp_attention) - base_coll
+            attn = sum(self.prefill_attention_s(t, c, heads) for t, c in rank)
+            index = sum(self.prefill_indexer_s(t, c, key_share) for t, c in rank) + (gather if rank else 0.0)
+            worst = max(worst, (m.num_layers + extra_layers) * (attn + ffn + coll) + m.num_index_groups * index)
+        return worst
+
+    def prefill_chunk_s(self, num_tokens: float, context_tokens: float, num_gpus: int, tp_attention: bool) -> float:
+        """One chunk of chunked prefill alone (no decode batch beside it, issue 11 item 6): `num_tokens` new prompt
+        tokens of one request after `context_tokens` already in its KV, through every layer on the GPU(s) running it:
+        per indexer layer every key so far scored for each new token, top-k; per layer sparse MLA over
+        min(keys, top_k) rows per token (TP: the rank's heads), projections + MoE (EP over all GPUs) and the layer
+        collectives (DP: the chunk's rank dispatches every token; TP: 1/N each). Writing the chunk's KV to the host,
+        where a system does, is `d2h_link_bytes(num_tokens x num_layers, row)` on PCIe (sim/prefill.py)."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.mixed_prefill_s([[(num_tokens, context_tokens)]], 0.0, num_gpus, tp_attention)
 
     def step_overhead_s(self, speculative: bool = False) -> float:
         """Per decode step: scheduler/sampling (`step_overhead_s`) + the step's CUDA-graph launches."""

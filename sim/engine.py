@@ -15,6 +15,7 @@ from sim.costs import CostModel
 from sim.events import TraceRecorder
 from sim.hardware import Node, make_env
 from sim.policy import PolicyRunner
+from sim.prefill import make_prefill
 from sim.systems import System
 from sim.timing import PARTS, GroupWork, StepTimer
 
@@ -106,6 +107,7 @@ class Engine:
         self.group_layers = np.asarray(cfg.model.group_sizes(), dtype=float)
         self.state = RunState()
         self._saturated = False
+        self.prefill = make_prefill(cfg, costs, system, self)  # untimed | chunked (sim/prefill.py)
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -152,6 +154,7 @@ class Engine:
             if self.runner is not None:
                 rank = s if cap.num_spaces > 1 else 0
                 self.runner.admit(int(self.rid[i]), s, rank, int(self.inp[i]), int(self.running_per_space[s]))
+            self.prefill.admit(i, s)
 
     def _release(self, i: int):
         s = self.space[i]
@@ -189,7 +192,11 @@ class Engine:
             if self.recorder is not None:
                 self.recorder.enabled = st.steps < trace_steps
             self._saturated = bool(waiting)  # a request waits for room: every freed slot is refilled at once
-            finished = self._step(running)
+            decoding = self.prefill.decoding(running)  # chunked prefill: those whose prompt is done
+            if not decoding:  # only prompts being computed this step
+                st.busy_s += self.prefill.idle()
+                continue
+            finished = self._step(decoding)
             for i in finished:
                 running.remove(i)
                 self._release(i)
@@ -305,7 +312,7 @@ class Engine:
             one = (costs.attention_s(qn, qn * m.top_k, heads) + costs.ffn_s(b.n_total, n_gpu, not tp)
                    + costs.layer_collectives_s(b.n_total / n_gpu, n_gpu, tp))
             epilogue["draft_s"] = (q - 1) * costs["draft_layer_equiv"] * one
-        return epilogue
+        return epilogue | self.prefill.step(b, sim_ranks)  # chunked prefill: the prompt piece the step carries
 
     def _advance(self, run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draw each request's accepted tokens, grow the histories; returns (accepted, finished requests)."""

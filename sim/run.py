@@ -172,6 +172,7 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "simpy_events": int(events), "sim_wall_s": wall_s,
         "sim_tokens_per_wall_s": st.tokens / wall_s if wall_s else 0.0,
         "simpy_events_per_wall_s": events / wall_s if wall_s else 0.0,
+        **engine.prefill.metrics(),  # prefill mode, prompt host bytes, TTFT when timed (sim/prefill.py)
         "cost_model": costs.provenance,
     }
     return out

@@ -169,6 +169,22 @@ class System:
     def indexer_allgather_bytes(self, num_queries: float) -> float:
         return 0.0
 
+    # ---- prompts (sim/prefill.py)
+    def prompt_host_tokens(self, space: int, num_input: int, placed_cpu_tokens: float) -> np.ndarray:
+        """Prompt tokens of a request admitted in `space` that this system writes to each rank's host memory (one
+        entry per rank); `placed_cpu_tokens`: what its policy library placed in the CPU tier. GPU-resident: none."""
+        return np.zeros(self.n)
+
+    def _on_ranks(self, space: int, tokens: float) -> np.ndarray:
+        """`tokens` of one request on the ranks holding it: DP its space's rank; TP every rank (replicas), or 1/N
+        each where homes are partitioned."""
+        out = np.zeros(self.n)
+        if not self.tp:
+            out[space] = tokens
+        else:
+            out[:] = tokens / self.n if self.partitioned_homes else tokens
+        return out
+
     # ---- cost hooks: which cost formula (sim/costs.py) this system's mechanisms use
     def management_s(self, costs, num_refs: float, num_unique: float, num_misses: float, batch: float) -> float:
         """Cache management of one access batch (one indexer group on one rank): the pb-lru/lru pipeline."""
@@ -248,6 +264,11 @@ class HiSparse(System):
 
     def index_key_bytes(self, unique_tokens: float) -> float:
         return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
+
+    def prompt_host_tokens(self, space: int, num_input: int, placed_cpu_tokens: float) -> np.ndarray:
+        """The whole prompt is backed up to host memory (SGLang HiSparse writes prefill KV whole to its host pool);
+        under TP every rank's replica has its own."""
+        return self._on_ranks(space, float(num_input))
 
     def query_chunk(self) -> int:
         """The per-request buffer holds device_buffer_slots distinct entries: with speculative decoding the verify
@@ -379,6 +400,11 @@ class UlaCacheSystem(System):
 
     def index_key_bytes(self, unique_tokens: float) -> float:
         return unique_tokens * self.ix_tok
+
+    def prompt_host_tokens(self, space: int, num_input: int, placed_cpu_tokens: float) -> np.ndarray:
+        """Prompts are placed GPU pool first, the rest in the CPU pool (the library's placement; none without CPU
+        storage); under TP the homes spread evenly over the ranks."""
+        return self._on_ranks(space, placed_cpu_tokens)
 
     def cache_config(self, k: int, bound: RunBound):
         """Per rank: GPU and CPU pools (TP: + the local buffer), cut to the run's state S. DP: a rank may hold all

@@ -20,7 +20,7 @@ import simpy
 from sim.hardware import Barrier, Node
 
 PARTS = ("indexer_s", "allgather_s", "mgmt_s", "transfer_stall_s", "attention_s", "ffn_s", "collective_s",
-         "draft_s", "overhead_s")
+         "draft_s", "overhead_s", "prefill_s")
 
 
 @dataclass(frozen=True)

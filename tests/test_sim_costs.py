@@ -261,6 +261,26 @@ def test_prefill_chunk_cost():
     assert 0.1 < total < 10.0
 
 
+def test_mixed_prefill_rides_on_the_decode_batch():
+    """A prompt piece in a decode step adds its attention + indexer and what its tokens add to the batch's MoE and
+    collectives (weights read once for both): less than the same piece alone, never free."""
+    cm = CostModel.load("h200", "glm-5")
+    alone = cm.mixed_prefill_s([[(4096, 30_000)]], 0.0, 8, True)
+    assert alone == cm.prefill_chunk_s(4096, 30_000, 8, True)
+    mixed = cm.mixed_prefill_s([[(4096, 30_000)]], 256.0, 8, True)
+    assert 0 < mixed < alone
+    assert cm.mixed_prefill_s([[]] * 8, 64.0, 8, False) == 0.0
+    # DP: every rank schedules its own piece; the step waits for the rank with the most prompt work
+    one = cm.mixed_prefill_s([[(1024, 0)]] + [[]] * 7, 64.0, 8, False)
+    two = cm.mixed_prefill_s([[(1024, 0)], [(1024, 50_000)]] + [[]] * 6, 64.0, 8, False)
+    late = cm.mixed_prefill_s([[(1024, 50_000)]] + [[]] * 7, 64.0, 8, False)
+    assert one < two and two >= late
+    # a distributed indexer scores 1/N of the keys on each rank; draft layers over the prompt cost more
+    assert cm.mixed_prefill_s([[(4096, 60_000)]], 0.0, 8, True, key_share=1 / 8) < cm.prefill_chunk_s(
+        4096, 60_000, 8, True)
+    assert cm.mixed_prefill_s([[(4096, 0)]], 0.0, 8, True, extra_layers=1.0) > cm.prefill_chunk_s(4096, 0, 8, True)
+
+
 def test_replay_uses_the_calibration_by_default_and_none_on_request():
     import sim
 
