@@ -35,7 +35,9 @@ SCHEMA: dict[str, Any] = {
     },
     "workload": {
         "profile": ("multi-lexsum", "str"),
-        "num_requests": (256, "int"),
+        # None = 2 x max_concurrency (`default_num_requests`): the first wave fills the cap, the second refills each
+        # slot once as it frees, so the running concurrency is held at the cap through a steady window
+        "num_requests": (None, "opt_int"),
         "max_concurrency": (256, "int"),
         "seed": (0, "int"),
         "trace": (None, "opt_str"),  # trace dir (requests.parquet + trace.yaml); None = generate from profile
@@ -58,9 +60,15 @@ SCHEMA: dict[str, Any] = {
     },
     "ulacache": {
         "num_recent_buckets": (32, "int"),  # the library default: with 2 buckets pb-lru lost 3-4.5 points of hit rate to lru (bench/results/policy.json)
-        "ws_reserve_slots": (None, "opt_int"),  # GPU-pool slots reserved per running request; None = q x top_k
-        "gpu_pool_slots": (None, "opt_int"),  # per rank; None = sized by the capacity solver
-        "local_buffer_slots": (None, "opt_int"),  # TP, per rank; None = sized by the capacity solver
+        # How each GPU's KV budget splits between the TP local buffer, the GPU pool and the CPU pool's index keys
+        # (sim/systems.py UlaCacheSystem, sim/COSTS.md "UlaCache sizing"). None = the default rule: the buffer holds
+        # one step's remote working set at the largest concurrency served without splitting an access batch (capped
+        # by workload.max_concurrency); the GPU pool takes the GPU first, the CPU pool (bounded by the CPU budget and
+        # the GPU room for its index keys) what the cap needs beyond it. Admission is bounded by unique GPU + CPU
+        # slots only; a working set that overflows is served in sub-batches (extra passes).
+        "local_buffer_fraction": (None, "opt_float"),  # TP: share of the GPU KV budget for the local buffer
+        "local_buffer_slots": (None, "opt_int"),  # TP, per rank; overrides local_buffer_fraction
+        "gpu_pool_slots": (None, "opt_int"),  # per rank; the CPU pool gets the index-key room left (<= CPU budget)
     },
     "fidelity": {
         "policy_groups": (2, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
@@ -163,6 +171,15 @@ def default_tree() -> dict:
     tree["model"] = {"preset": "glm-5.2"}
     tree["costs"] = {}
     return tree
+
+
+def default_num_requests(max_concurrency: int) -> int:
+    """Requests a run draws when `workload.num_requests` is not given: two per slot of the concurrency cap. The first
+    `max_concurrency` fill the batch; each later one refills a slot as a request completes, so the running
+    concurrency stays at the cap (or at the admission ceiling below it) from the first completion until the last
+    admission -- the steady window `decode_throughput_tok_s` is measured over (sim/run.py) -- about one request
+    lifetime, by when every slot has been refilled once on average."""
+    return int(min(2 * max_concurrency, MAX_REQUESTS))
 
 
 def _finite(value) -> bool:
@@ -366,6 +383,8 @@ def build(tree: dict) -> SimConfig:
     if not isinstance(tree.get("costs"), dict):
         raise ValueError("config section costs must be a mapping")
     spec, wl, fid = tree["spec"], tree["workload"], tree["fidelity"]
+    if wl["num_requests"] is None:
+        wl = {**wl, "num_requests": default_num_requests(wl["max_concurrency"])}
     positive = [("workload.num_requests", wl["num_requests"]), ("workload.max_concurrency", wl["max_concurrency"]),
                 ("fidelity.step_stride", fid["step_stride"]), ("hisparse.device_buffer_slots",
                                                                tree["hisparse"]["device_buffer_slots"])]
@@ -395,7 +414,7 @@ def build(tree: dict) -> SimConfig:
     mem = tree["memory"]
     if not 0 < mem["host_kv_fraction"] <= 1:
         raise ValueError("config key memory.host_kv_fraction must be in (0, 1]")
-    resolved = {**tree, "fidelity": fid}  # request_fraction filled in
+    resolved = {**tree, "fidelity": fid, "workload": wl}  # request_fraction, num_requests filled in
     sections = {name: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[name].items()})
                 for name, cls in SECTIONS.items()}  # lists (accept_probs) as tuples: a frozen section stays frozen
     return SimConfig(
@@ -420,7 +439,7 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
                          f"{model.name}'s {model.num_heads} attention heads (1, 2, 4, 8, ... GPUs); use attention dp")
     wl, spec = tree["workload"], tree["spec"]
     for name in ("num_requests", "max_concurrency"):
-        if wl[name] > MAX_REQUESTS:
+        if wl[name] is not None and wl[name] > MAX_REQUESTS:
             raise ValueError(f"config key workload.{name} must be <= {MAX_REQUESTS:,} (a replay simulates every "
                              f"request), got {wl[name]:,}")
     if not 0 <= wl["seed"] <= MAX_SEED:
@@ -439,7 +458,7 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
     for name, value in non_negative:
         if value < 0:
             raise ValueError(f"config key {name} must be >= 0, got {value}")
-    for name in ("ws_reserve_slots", "gpu_pool_slots", "local_buffer_slots"):
+    for name in ("gpu_pool_slots", "local_buffer_slots"):
         value = tree["ulacache"][name]
         if value is not None and value < 0:
             raise ValueError(f"config key ulacache.{name} must be >= 0, got {value}")
@@ -447,6 +466,10 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
     if chunk is not None and (chunk < 1 or (tree["attention"] == "dp" and chunk < hardware.num_gpus)):
         raise ValueError(f"config key workload.prefill_chunk_tokens must be >= 1 (>= hardware.num_gpus under dp "
                          f"attention: SGLang divides it over the DP ranks), got {chunk}")
+    frac = tree["ulacache"]["local_buffer_fraction"]
+    if frac is not None and not 0 <= frac < 1:
+        raise ValueError(f"config key ulacache.local_buffer_fraction must be in [0, 1) (a share of the GPU KV "
+                         f"budget; the rest holds the GPU pool and index keys), got {frac}")
     if tree["hisparse"]["page_slots"] < 1:
         raise ValueError(f"config key hisparse.page_slots must be >= 1, got {tree['hisparse']['page_slots']}")
 

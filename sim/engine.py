@@ -264,7 +264,21 @@ class Engine:
         return rows, sim_ranks
 
     def _rank_work(self, b: Batch, r: int, ratios, rows: dict) -> list[GroupWork]:
-        """Rank r's work for every indexer group; groups sharing a simulated representative share their work."""
+        """Rank r's work for every indexer group (one item per pass); groups sharing a simulated representative share
+        their work."""
+        common = self._compute(b, r)
+        by_rep: dict[int, list] = {}
+        out = []
+        for g in range(self.cfg.model.num_index_groups):
+            rep = int(self.runner.group_of[g]) if ratios else -1
+            passes = by_rep.get(rep)
+            if passes is None:
+                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
+            out.extend(GroupWork(layers=int(self.group_layers[g]), **c, **links) for c, links in passes)
+        return out
+
+    def _compute(self, b: Batch, r: int) -> dict:
+        """Rank r's compute for one indexer group of batch b (per layer where GroupWork says so)."""
         cfg, sysm, costs, m = self.cfg, self.system, self.costs, self.cfg.model
         n_gpu, tp, q = cfg.num_gpus, sysm.tp, self.q
         tokens = b.tokens_total
@@ -272,23 +286,31 @@ class Engine:
         keys = sysm.indexer_keys(b.hist_rank.tolist(), float(b.hist.sum()))[r]
         heads = m.num_heads / n_gpu if tp else m.num_heads
         qtok = b.n_rank[r] * q
-        common = dict(
+        return dict(
             indexer_s=(costs.indexer_s(keys, keys * q) if keys else 0.0) if b.n_rank[r] or tp else 0.0,
             allgather_s=costs.distributed_topk_s(allgather_b, tokens, n_gpu) if allgather_b else 0.0,
             attention_s=costs.attention_s(qtok, b.ref_rank[r], heads) if qtok else 0.0,
             ffn_s=costs.ffn_s(tokens, n_gpu, attn_replicated=not tp),
             collective_s=costs.layer_collectives_s(tokens / n_gpu, n_gpu, tp),
             prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
-        row = m.kv_bytes_per_token_layer
-        by_rep: dict[int, dict] = {}
-        out = []
-        for g in range(m.num_index_groups):
-            rep = int(self.runner.group_of[g]) if ratios else -1
-            links = by_rep.get(rep)
-            if links is None:
-                links = by_rep[rep] = self._links(b, r, ratios[rep], rows[rep], row) if ratios else NO_LINKS
-            out.append(GroupWork(layers=int(self.group_layers[g]), **common, **links))
-        return out
+
+    def _passes(self, b: Batch, r: int, rt: dict | None, rows, common: dict) -> list[tuple[dict, dict]]:
+        """(compute, links) of each pass of one group: one; or p when the policy served the access batch in p
+        sub-batches (its working set did not fit the GPU pool / local buffer at once). The indexer and its
+        all-gather run once for the batch; each sub-batch (1/p of the requests) then runs the group's layers with its
+        own management, transfers and compute, so per-pass fixed costs (launches, latencies, MoE weight reads) are
+        paid p times."""
+        row = self.cfg.model.kv_bytes_per_token_layer
+        p = max(1, round(rt.get("passes", 1.0))) if rt else 1
+        if p == 1:
+            return [(common, self._links(b, r, rt, rows, row) if rt else NO_LINKS)]
+        sub = Batch(b.run, b.hist, b.refs_req / p, b.n_total / p, b.tokens_total / p, b.ref_rank / p, b.hist_rank,
+                    b.n_rank / p)
+        c = self._compute(sub, r)
+        links = self._links(sub, r, rt, tuple(x / p for x in rows), row)
+        first = {**c, "indexer_s": common["indexer_s"], "allgather_s": common["allgather_s"]}
+        rest = {**c, "indexer_s": 0.0, "allgather_s": 0.0}
+        return [(first, links)] + [(rest, links)] * (p - 1)
 
     def _links(self, b: Batch, r: int, rt: dict, rows: tuple, row_bytes: float) -> dict:
         """Management time and link bytes of one simulated group's plan on rank r (one layer)."""

@@ -15,7 +15,9 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   the run builds it, sim/footprint.py), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
   representatives' caches are rebuilt at stride k with the running requests re-admitted (their history placed as
   at admission, GPU-first). Memory then follows the simulated groups, not all groups.
-What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link. The engine turns them
+An access batch whose working set does not fit at once (CapacityError: the GPU pool, or under TP a rank's local
+buffer) is served in halves, recursively; `passes` reports the sub-batches, which the engine times as extra passes.
+What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link, and `passes`. The engine turns them
 into rows with the exact reference counts of the whole batch, so sampled and full runs share one code path.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 PILOT_MAX_BYTES = 1.0e9  # all pilot caches together (a memory bound, so that a small config runs in ~2 GB)
 PILOT_MAX_ENTRIES = 24_000_000  # the same bound in history entries when no cache can be probed
-RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer")
+RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer", "passes")
 
 
 def shallow_groups(num_groups: int, num_layers: int, source=None) -> int:
@@ -327,6 +329,7 @@ class PolicyRunner:
             for lo in range(0, q, self.query_chunk):  # HiSparse: verify tokens in chunks its buffer can hold
                 part = self._access(self.caches[g], addrs[:, lo:lo + self.query_chunk], num_ranks)
                 totals = part if totals is None else {k: totals[k] + part[k] for k in part}
+            totals["passes"] /= math.ceil(q / self.query_chunk)  # sub-batches per chunk (1 = the batch fit at once)
             prompt = self.prompt_cpu_rows.pop(g, None)
             if prompt is not None:
                 totals["d2h"] = np.maximum(totals["d2h"] - np.resize(prompt.astype(float), num_ranks), 0.0)
@@ -394,6 +397,7 @@ class PolicyRunner:
         n = lambda x: np.asarray(x, dtype=float).reshape(-1)  # noqa: E731
         per_rank = lambda arr: (n(arr) if n(arr).size == num_ranks else np.resize(n(arr), num_ranks))  # noqa: E731
         totals = {
+            "passes": 1.0,  # one library access: the working set fit (a split batch sums its halves' passes)
             "refs": float(plan.num_refs), "unique": float(plan.num_unique), "hits": float(plan.num_hits),
             "misses": float(plan.num_misses), "exchanges": float(plan.num_exchanges),
             "local_hits": float(getattr(plan, "num_local_hits", 0)),
@@ -407,6 +411,7 @@ class PolicyRunner:
         refs = max(t["refs"], 1.0)
         total_ref_rank = np.maximum(ref_rank, 1.0)
         out = {k: t[k] / refs for k in ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches")}
+        out["passes"] = t["passes"]  # sub-batches the access batch was served in (not per reference)
         for link in ("h2d", "d2h", "peer"):
             rows = t[link]
             ratio = rows / total_ref_rank

@@ -18,7 +18,7 @@ from sim.costs import CostModel
 from sim.engine import Engine
 from sim.events import TraceRecorder
 from sim.hardware import events_scheduled
-from sim.systems import RunBound, budget_for, make_system
+from sim.systems import RunBound, budget_for, system_for_workload
 
 
 def load_workload(cfg: SimConfig):
@@ -202,8 +202,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     requests, source = load_workload(cfg)
     check_requests(requests)
     budget = budget_for(cfg)
-    mean_tokens = float((requests["input_tokens"] + requests["output_tokens"]).mean())
-    system = make_system(cfg, budget, mean_tokens)
+    system = system_for_workload(cfg, budget, requests, source)
     recorder = TraceRecorder() if trace_events else None
     make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb)

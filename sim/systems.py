@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.config import SimConfig
+from traces.errors import TraceError
 
 INF = float("inf")
 
@@ -110,11 +111,16 @@ class System:
 
     name = ""
     uses_policy = False
-    reserve_capped_by_history = False  # a request never reserves more working-set slots than its history
     prefetch = False  # one plan per indexer group, the group's other layers' data moved ahead on a copy stream
     partitioned_homes = False  # under TP each entry is stored once (on its home rank), not replicated per rank
+    sized_by_union = False  # sizing reads the workload's verify-token union (`measure_union_slots`)
 
-    def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float):
+    def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float,
+                 union_slots_per_request: float | None = None, max_request_tokens: float | None = None):
+        """The workload as sizing sees it: the mean and largest final history (input + output tokens; None = the
+        mean) and `union_slots_per_request`, the distinct entries one request's verify tokens select in one access
+        batch as measured on its selections (`measure_union_slots`; None = q x top_k, the bound: no two verify
+        tokens share a selection)."""
         self.cfg, self.budget = cfg, budget
         self.kv_tok = cfg.model.kv_bytes_per_token_with_draft(cfg.query_tokens > 1)  # + the MTP layer's own KV
         self.ix_tok = cfg.model.index_bytes_per_token_with_draft(cfg.query_tokens > 1)
@@ -122,6 +128,9 @@ class System:
         self.tp = cfg.attention == "tp"
         self.q = cfg.query_tokens
         self.mean_tokens = float(mean_request_tokens)
+        self.max_tokens = self.mean_tokens if max_request_tokens is None else float(max_request_tokens)
+        bound = float(self.q * cfg.model.top_k)
+        self.union_slots = bound if union_slots_per_request is None else min(float(union_slots_per_request), bound)
         self.capacity = self.size()
 
     # ---- sizing
@@ -156,9 +165,8 @@ class System:
         return float(num_input + num_output + self.q)
 
     def reserve_slots(self, need: float) -> float:
-        """Working-set / device-buffer slots a request reserves while it runs."""
-        r = float(self.capacity.reserve_slots_per_request)
-        return min(r, need) if self.reserve_capped_by_history else r
+        """Device-buffer slots a request reserves while it runs (HiSparse's per-request quota; none elsewhere)."""
+        return float(self.capacity.reserve_slots_per_request)
 
     def indexer_keys(self, hist_rank: list[float], hist_total: float) -> list[float]:
         """Index keys each rank scores for one indexer layer."""
@@ -311,80 +319,106 @@ class HiSparse(System):
 class UlaCacheSystem(System):
     """UlaCache: one logical space per rank (DP) or per TP group; GPU pool shared by all requests over an
     exclusive CPU pool; TP keeps history once (on its home rank) plus per-rank local buffers of selected copies;
-    index keys partitioned by home rank."""
+    index keys partitioned by home rank.
+
+    Sizing (per rank; sim/COSTS.md "UlaCache sizing"): the GPU KV budget holds the local buffer (TP, `b` slots of
+    KV), the GPU pool (`g` slots of KV + their index keys) and the index keys of the CPU pool (`c` slots, whose KV is
+    in host memory): (g + b) kv + (g + c) ix <= GPU budget, c kv <= CPU budget. Admission is bounded by the unique
+    slots m (g + c) alone; nothing is reserved per request. An access batch whose distinct entries do not fit the GPU
+    pool (or, TP, whose remote entries do not fit a rank's buffer) is served in sub-batches (extra passes, costed by
+    the engine). The split is explicit (`ulacache.local_buffer_slots | local_buffer_fraction | gpu_pool_slots`);
+    the default rule serves the largest concurrency it can without splitting (`no_split_concurrency`, capped by
+    `workload.max_concurrency`): the buffer holds that concurrency's remote working set; the GPU pool takes the GPU
+    first (at least the home working set, at most what the cap's requests can use); the CPU pool extends the logical
+    pool to what the cap can use, bounded by the CPU budget and by the GPU room for its index keys."""
 
     name = "ulacache"
     uses_policy = True
-    reserve_capped_by_history = True  # a shared pool: a short request's working set is at most its history
     prefetch = True
     partitioned_homes = True
+    sized_by_union = True
 
     @property
     def policy_label(self) -> str:
         return self.cfg.policy
+
+    @property
+    def remote_share(self) -> float:
+        """Share of an access batch's entries homed on other ranks (what each rank's local buffer holds copies of)."""
+        m = self.spaces()[1]
+        return (m - 1) / m
 
     def buffer_copy_slots(self, hist, buffer_peak_rows: float) -> float:
         """TP: each rank's local buffer holds copies of the selected entries it does not home, at most its size."""
         if not self.tp:
             return 0.0
         cap = self.capacity
-        per_rank = min(cap.local_buffer_slots, float(np.minimum(hist, cap.notes["ws_reserve_slots"]).sum()))
+        ws = cap.notes["union_slots_per_request"]
+        per_rank = min(cap.local_buffer_slots, float(np.minimum(hist, ws).sum()))
         if buffer_peak_rows:
             per_rank = min(per_rank, buffer_peak_rows / self.n)
         return per_rank * self.n
+
+    def gpu_bytes_at(self, n: float, buffer_slots: float | None = None) -> float:
+        """GPU bytes per rank that serve n average requests per space without splitting an access batch: index keys
+        of their n h / m logical slots, a GPU pool of at least their home working set n u / m (and of what the CPU
+        budget cannot hold), and a local buffer of their remote working set (or `buffer_slots` if given)."""
+        m = self.spaces()[1]
+        ws, h = self.union_slots, self.mean_tokens
+        logical = n * h / m
+        g = max(n * min(ws, h) / m, logical - self.host_slots)
+        b = (n * min(ws, h) * self.remote_share if self.tp else 0.0) if buffer_slots is None else buffer_slots
+        return (g + b) * self.kv_tok + max(g, logical) * self.ix_tok
+
+    def no_split_concurrency(self, buffer_slots: float | None = None) -> float:
+        """Largest n (requests per space) with `gpu_bytes_at(n)` within the GPU KV budget (bisection)."""
+        bg = self.budget.gpu_kv_bytes_per_gpu
+        lo, hi = 0.0, 1.0
+        while self.gpu_bytes_at(hi, buffer_slots) <= bg and hi < 1e9:
+            hi *= 2
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.gpu_bytes_at(mid, buffer_slots) <= bg else (lo, mid)
+        return lo
 
     def size(self) -> Capacity:
         cfg, kv, ix = self.cfg, self.kv_tok, self.ix_tok
         spaces, m = self.spaces()
         u = cfg.ulacache
-        ws = u["ws_reserve_slots"] or self.q * cfg.model.top_k
-        ws_mean = min(ws, self.mean_tokens)  # what an average request reserves
         bg = self.budget.gpu_kv_bytes_per_gpu
-        host_slots = self.budget.cpu_kv_bytes_per_gpu / kv if cfg.cpu_storage else 0.0
-        h = self.mean_tokens
-        tp_buffer = m > 1
-
-        def gpu_bytes(n: float) -> float:  # minimum GPU bytes per rank for n average requests in a space
-            buf = n * ws_mean if tp_buffer else 0.0
-            g_min = n * ws_mean / m
-            logical = n * h / m
-            g = max(g_min, logical - host_slots)
-            return (g + buf) * kv + logical * ix + max(0.0, g - logical) * ix
-
-        lo, hi = 0.0, 1.0
-        while gpu_bytes(hi) <= bg and hi < 1e9:
-            hi *= 2
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if gpu_bytes(mid) <= bg else (lo, mid)
-        n_fit = lo
-        n_cap = math.ceil(cfg.workload["max_concurrency"] / spaces)
-        n_t = max(1.0, min(n_fit, n_cap))
-        buf = u["local_buffer_slots"] if u["local_buffer_slots"] is not None else (n_t * ws_mean if tp_buffer else 0)
+        self.host_slots = self.budget.cpu_kv_bytes_per_gpu / kv if cfg.cpu_storage else 0.0
+        ws = min(self.union_slots, self.mean_tokens)
+        if not self.tp:
+            b = 0.0
+        elif u["local_buffer_slots"] is not None:
+            b = float(u["local_buffer_slots"])
+        elif u["local_buffer_fraction"] is not None:
+            b = u["local_buffer_fraction"] * bg / kv
+        else:
+            b = None  # the default rule: sized with the concurrency below
+        n_fit = self.no_split_concurrency(b)
+        n_t = max(1.0, min(n_fit, math.ceil(cfg.workload["max_concurrency"] / spaces)))
+        if b is None:
+            b = n_t * ws * self.remote_share
+        rest = bg - b * kv  # GPU pool (KV + keys) and the CPU pool's keys
+        # logical slots the cap can use: its requests, each at most the workload's longest final history
+        want = math.ceil(cfg.workload["max_concurrency"] / spaces) * self.max_tokens / m
         if u["gpu_pool_slots"] is not None:
             g = float(u["gpu_pool_slots"])
-            c = min(host_slots, max(0.0, (bg - (g + buf) * kv - g * ix) / ix)) if cfg.cpu_storage else 0.0
-        elif not cfg.cpu_storage:
-            g, c = max(0.0, (bg - buf * kv) / (kv + ix)), 0.0
+            c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))
         else:
-            target = n_t * h * 1.2 / m  # logical slots per rank wanted: 20% headroom over the mean request
-            g = (bg - buf * kv - target * ix) / kv
-            if g >= target:  # everything fits on the GPU: no CPU tier needed, the rest is GPU pool
-                g, c = (bg - buf * kv) / (kv + ix), 0.0
-            else:
-                g = max(g, n_t * ws_mean / m)
-                c = max(0.0, min(host_slots, (bg - (g + buf) * kv - g * ix) / ix))
-        if (g + buf) * kv + (g + c) * ix > bg * (1 + 1e-9) or g <= 0:
+            floor = n_t * ws / m  # the pool holds at least one step's home working set before CPU slots get keys
+            g = max(floor, min(rest / (kv + ix), (rest - want * ix) / kv))  # GPU first, up to what the cap uses
+            c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))
+            g = (rest - c * ix) / (kv + ix)  # the GPU bytes the CPU pool's keys leave go to the GPU pool
+        if (g + b) * kv + (g + c) * ix > bg * (1 + 1e-9) or g <= 0:
             raise ValueError(f"ulacache pools do not fit the GPU KV budget ({bg / 1e9:.1f} GB per GPU): gpu pool "
-                             f"{g:.0f} slots, local buffer {buf:.0f} slots, cpu pool {c:.0f} slots")
-        reserve = ws if cfg.cpu_storage else 0
+                             f"{g:.0f} slots, local buffer {b:.0f} slots, cpu pool {c:.0f} slots")
         return Capacity(
-            spaces, m, m * (g + c), reserve_slots_per_request=ws,
-            reserve_capacity_per_space=m * g if cfg.cpu_storage else INF,
-            buffer_reserve_capacity_per_space=buf if tp_buffer else INF,
-            history_copies=1, gpu_pool_slots=int(g), cpu_pool_slots=int(c), local_buffer_slots=int(buf),
-            notes={"ws_reserve_slots": ws, "target_requests_per_space": n_t, "fit_requests_per_space": n_fit,
-                   "reserve_active": bool(reserve)},
+            spaces, m, m * (g + c), history_copies=1, gpu_pool_slots=int(g), cpu_pool_slots=int(c),
+            local_buffer_slots=int(b),
+            notes={"union_slots_per_request": self.union_slots, "target_requests_per_space": n_t,
+                   "no_split_requests_per_space": n_fit},
         )
 
     def indexer_keys(self, hist_rank: list[float], hist_total: float) -> list[float]:
@@ -417,7 +451,7 @@ class UlaCacheSystem(System):
         cap, cfg = self.capacity, self.cfg
         m = cap.ranks_per_space
         big = bound.max_request_slots
-        ws = cap.notes.get("ws_reserve_slots", cap.reserve_slots_per_request)
+        ws = cap.notes["union_slots_per_request"]
         gpu_slack = 0 if cfg.cpu_storage else 2 * big / m  # GPU slack would raise hit rates
         # at least one request's working set (what a split access batch needs; only binds for coarse samples)
         gpu = max(self._scaled(cap.gpu_pool_slots, k, gpu_slack), min(cfg.query_tokens * cfg.model.top_k,
@@ -440,5 +474,38 @@ class UlaCacheSystem(System):
 SYSTEMS: dict[str, type[System]] = {"sglang": SGLang, "hisparse": HiSparse, "ulacache": UlaCacheSystem}
 
 
-def make_system(cfg: SimConfig, budget: Budget, mean_request_tokens: float) -> System:
-    return SYSTEMS[cfg.system](cfg, budget, mean_request_tokens)
+def system_for_workload(cfg: SimConfig, budget: Budget, requests, source) -> System:
+    """The configured system sized for this workload: its mean request and (where the system sizes by it) the
+    verify-token union its selections give."""
+    total = requests["input_tokens"] + requests["output_tokens"] + cfg.query_tokens
+    cls = SYSTEMS[cfg.system]
+    union = measure_union_slots(source, requests, cfg) if cls.sized_by_union else None
+    return cls(cfg, budget, float(total.mean()), union, float(total.max()))
+
+
+def make_system(cfg: SimConfig, budget: Budget, mean_request_tokens: float,
+                union_slots_per_request: float | None = None, max_request_tokens: float | None = None) -> System:
+    return SYSTEMS[cfg.system](cfg, budget, mean_request_tokens, union_slots_per_request, max_request_tokens)
+
+
+def measure_union_slots(source, requests, cfg: SimConfig, num_requests: int = 8,
+                        num_groups: int = 8) -> float | None:
+    """Distinct entries one request's q verify tokens select in one access batch, measured on the workload's own
+    selections (the first `num_requests` requests at their prompt, on `num_groups` indexer groups spread over the
+    model): the mean over requests of the group where it is largest (every group's cache holds its own working set).
+    Without speculative decoding it is min(history, top_k). None when the source has no selections for them (a
+    captured trace that starts later)."""
+    m, q = cfg.model, cfg.query_tokens
+    inp = requests["input_tokens"].to_numpy(np.int64)[:num_requests]
+    if q == 1:
+        return float(np.minimum(inp, m.top_k).mean())
+    rids = requests["request_id"].to_numpy(np.int64)[:num_requests]
+    groups = np.unique(np.linspace(0, m.num_index_groups - 1, min(num_groups, m.num_index_groups)).round())
+    union = []
+    for g in groups.astype(int).tolist():
+        try:
+            sel = np.asarray(source.select(rids, inp, np.zeros(rids.size, np.int64), g, q))
+        except TraceError:  # a captured trace without these selections: size by the bound
+            return None
+        union.append(np.mean([np.unique(s[s >= 0]).size for s in sel.reshape(rids.size, -1)]))
+    return float(max(union))

@@ -313,6 +313,24 @@ def test_tp_local_buffer_too_small_raises_capacity_error():
     c.commit(c.access(a[:4]))
 
 
+def test_tp_buffer_overflow_with_misses_changes_nothing():
+    """A batch refused for the local buffer must not have taken GPU slots for its misses (the simulator serves it
+    in sub-batches next)."""
+    c = make(mode="tp", num_ranks=2, gpu_slots=8, cpu_slots=16, local_buffer_slots=3)
+    a = c.alloc(1, 32)  # 16 on the GPUs, 16 on the CPUs
+    free = c.num_free_slots(tier=0)
+    cpu = a[c.locate(a)[0] == 1]
+    with pytest.raises(CapacityError):
+        c.access(cpu[:12])
+    assert c.num_free_slots(tier=0) == free
+    c.check_invariants()
+    for part in (cpu[:4], cpu[4:8], cpu[8:12]):
+        c.commit(c.access(part))
+        c.check_invariants()
+    c.alloc(1, 8)  # allocation still finds the free slots the counts report
+    c.check_invariants()
+
+
 def test_tp_free_invalidates_buffer_copies():
     c = make(mode="tp", num_ranks=2, gpu_slots=8, cpu_slots=0, local_buffer_slots=8, payload_bytes=1)
     a = c.alloc(1, 8)

@@ -104,7 +104,7 @@ def test_replay_is_deterministic(profile):
 def test_sampled_groups_agree_with_full_run(profile):
     """Fidelity knob: the policy on 3 of 21 indexer groups (stratified after a pilot) vs all 21 groups."""
     base = dict(system="ulacache", attention="dp", workload__num_requests=16, spec__draft_tokens=2,
-                ulacache__gpu_pool_slots=8192, ulacache__ws_reserve_slots=2048, workload__max_concurrency=16)
+                ulacache__gpu_pool_slots=16384, workload__max_concurrency=16)
     full = sim.replay(_config(profile, fidelity__policy_groups=0, **base))
     sampled = sim.replay(_config(profile, fidelity__policy_groups=3, **base))
     assert full["policy_groups_simulated"] == 21 and sampled["policy_groups_simulated"] == 3

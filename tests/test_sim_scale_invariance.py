@@ -37,29 +37,34 @@ FROZEN_KEYS = ("completed_requests", "rejected_requests", "max_admitted_concurre
                "physical_kv_slots", "unique_history_positions", "cap_buffer_slots", "policy_calls",
                "policy_batch_splits")
 
-FROZEN = {  # measured on main at 85e086c (before the scale changes)
-    'ulacache-tp': {
-        'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 2, 'decode_steps': 68,
-        'decode_tokens': 111.0, 'gpu_hit_rate': 0.9157104633178852, 'unique_ref_fraction': 1.0,
-        'pcie_h2d_bytes_per_token': 8832874.522522522, 'pcie_d2h_bytes_per_token': 8756813.981981982,
-        'pcie_prompt_load_bytes': 234861120.0, 'nvlink_kv_bytes_per_token': 6652602.378378378,
-        'physical_kv_slots': 15480.0, 'unique_history_positions': 7288.0, 'cap_buffer_slots': 8192.0,
-        'policy_calls': 440, 'policy_batch_splits': 0,
+# Measured on main at 85e086c (before the scale changes), except three ulacache configs re-frozen by the sizing
+# change of issue 11 item 2 (an intended behaviour change): admission no longer reserves q x top_k working-set slots
+# per request in the GPU pool and local buffers (ulacache-tp, ulacache-dp-lru admit 5 instead of 2 / 4; their small
+# explicit pools now overflow and the batches are served in sub-batches: policy_batch_splits > 0), and the default
+# TP local buffer holds the measured verify-token union instead of q x top_k per request (ulacache-tp-roomy).
+FROZEN = {
+    'ulacache-tp': {  # re-frozen by the sizing change (see the note above FROZEN)
+        'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 45,
+        'decode_tokens': 111.0, 'gpu_hit_rate': 0.3003881097142816, 'unique_ref_fraction': 1.0,
+        'pcie_h2d_bytes_per_token': 73313773.98198198, 'pcie_d2h_bytes_per_token': 71572661.33333333,
+        'pcie_prompt_load_bytes': 637911456.0, 'nvlink_kv_bytes_per_token': 37376539.675675675,
+        'physical_kv_slots': 29507.0, 'unique_history_positions': 17507.0, 'cap_buffer_slots': 12000.0,
+        'policy_calls': 394, 'policy_batch_splits': 664,
     },
-    'ulacache-dp-lru': {
-        'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 4, 'decode_steps': 53,
-        'decode_tokens': 111.0, 'gpu_hit_rate': 0.9633876477138196, 'unique_ref_fraction': 1.0,
-        'pcie_h2d_bytes_per_token': 3836683.963963964, 'pcie_d2h_bytes_per_token': 3683463.6396396398,
-        'pcie_prompt_load_bytes': 120142464.0, 'nvlink_kv_bytes_per_token': 0.0, 'physical_kv_slots': 14290.0,
-        'unique_history_positions': 14290.0, 'cap_buffer_slots': 0.0, 'policy_calls': 410, 'policy_batch_splits': 0,
+    'ulacache-dp-lru': {  # re-frozen by the sizing change (see the note above FROZEN)
+        'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 45,
+        'decode_tokens': 111.0, 'gpu_hit_rate': 0.9160438796669266, 'unique_ref_fraction': 1.0,
+        'pcie_h2d_bytes_per_token': 8797935.135135135, 'pcie_d2h_bytes_per_token': 8038925.405405405,
+        'pcie_prompt_load_bytes': 279735456.0, 'nvlink_kv_bytes_per_token': 0.0, 'physical_kv_slots': 17507.0,
+        'unique_history_positions': 17507.0, 'cap_buffer_slots': 0.0, 'policy_calls': 394, 'policy_batch_splits': 320,
     },
-    'ulacache-tp-roomy': {
+    'ulacache-tp-roomy': {  # re-frozen by the sizing change (see the note above FROZEN)
         'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 29,
         'decode_tokens': 111.0, 'gpu_hit_rate': 1.0, 'unique_ref_fraction': 0.5085914048298172,
         'pcie_h2d_bytes_per_token': 0.0, 'pcie_d2h_bytes_per_token': 0.0, 'pcie_prompt_load_bytes': 0.0,
-        'nvlink_kv_bytes_per_token': 6413339.675675675, 'physical_kv_slots': 52517.0,
-        'unique_history_positions': 17511.0, 'cap_buffer_slots': 35006.0, 'policy_calls': 362,
-        'policy_batch_splits': 0,
+        'nvlink_kv_bytes_per_token': 19157097.08108108, 'physical_kv_slots': 29125.0,
+        'unique_history_positions': 17511.0, 'cap_buffer_slots': 11614.0, 'policy_calls': 362,
+        'policy_batch_splits': 101,
     },
     'ulacache-dp-roomy': {
         'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 29,

@@ -194,6 +194,8 @@ class UlaCache:
         num_refs = int(flat.size - np.count_nonzero(flat == -1))
         plan = Plan(version=self._version, now=self.policy.step + 1, addrs=uniq, num_refs=num_refs,
                     num_unique=int(uniq.size))
+        if self.buffers is not None:
+            self.buffers.check_fits(uniq)  # before the policy takes any slot: a refused batch changes nothing
         self.policy.access(plan, places)
         if self.buffers is not None:
             self.buffers.plan(plan, places)

@@ -57,10 +57,10 @@ class LocalBuffers:
     def _refit_maps(self, old: int) -> None:
         self.maps = slot_map.fits(self.maps, self.slots, self.dense_limit)
 
-    def plan(self, plan: Plan, old_places: np.ndarray) -> None:
-        """Every rank looks up the entries homed elsewhere (two slices of the ascending batch) in its map."""
-        be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
-        bounds = np.searchsorted(uniq, np.arange(R + 1, dtype=np.int64) * self.slots_per_rank).tolist()  # homes
+    def check_fits(self, uniq: np.ndarray) -> list[int]:
+        """Home bounds of the ascending batch `uniq`; CapacityError when a rank's remote entries exceed its buffer
+        (checked before the policy plans, so that a refused batch changes nothing)."""
+        bounds = np.searchsorted(uniq, np.arange(self.R + 1, dtype=np.int64) * self.slots_per_rank).tolist()
         remote = uniq.size - np.diff(bounds)
         over = np.flatnonzero(remote > self.slots)
         if over.size:
@@ -68,6 +68,12 @@ class LocalBuffers:
             raise CapacityError(
                 f"TP rank {r} needs {int(remote[r])} remote entries in one batch; its local buffer holds {self.slots}"
             )
+        return bounds
+
+    def plan(self, plan: Plan, old_places: np.ndarray) -> None:
+        """Every rank looks up the entries homed elsewhere (two slices of the ascending batch) in its map."""
+        be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
+        bounds = self.check_fits(uniq)  # homes
         uix = self.space.index(uniq)
         hits, miss_idx, counts = [], [], np.zeros(R, dtype=np.int64)
         for r in range(R):  # loop over ranks; per rank, slices [0, lo) and [hi, U) (views, no index arrays)
