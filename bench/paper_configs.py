@@ -80,6 +80,11 @@ def config_of(hw: str, att: str, draft: int, system: str, cap: int, requests_per
             "spec": {"draft_tokens": draft}, "workload": wl}
 
 
+def run_config(run: dict, args) -> dict:
+    return config_of(run["hardware"], run["attention"], run["draft_tokens"], run["system"], run["cap"],
+                     args.requests_per_cap, args.steps_on, args.steps_off)
+
+
 def grid(caps=CAPS) -> list[dict]:
     """Every run, most wanted first: caps 256 (admission) and 1 (TPOT) before 64 and 16."""
     order = {256: 0, 1: 1, 64: 2, 16: 3}
@@ -119,9 +124,12 @@ def save(path: Path, data: dict) -> None:
     os.replace(tmp, md)
 
 
-def todo(runs: list[dict], records: dict) -> list[dict]:
-    """Runs without an ok record (resume)."""
-    return [r for r in runs if records.get(r["key"], {}).get("status") != "ok"]
+def todo(runs: list[dict], records: dict, config_for=None) -> list[dict]:
+    """Runs without an ok record (resume); with `config_for(run)`, also those whose record ran another config."""
+    def done(run):
+        rec = records.get(run["key"], {})
+        return rec.get("status") == "ok" and (config_for is None or rec.get("config") == config_for(run))
+    return [r for r in runs if not done(r)]
 
 
 # ----------------------------------------------------------------------------------------------- the table
@@ -159,6 +167,10 @@ def _fmt(v, digits=0):
     return f"{v:,.{digits}f}"
 
 
+def _cap(cap) -> str:
+    return "" if cap is None else f" ({cap})"
+
+
 def markdown(data: dict) -> str:
     meta = data.get("meta", {})
     lines = [f"# Paper configs: {meta.get('label', '?')} (tree commit {meta.get('commit', '?')})", "",
@@ -167,13 +179,11 @@ def markdown(data: dict) -> str:
              "| hw | attn | spec | system | peak decode tok/s (cap) | peak tail tok/s (cap) | batch-1 TPOT ms "
              "| admitted @256 | caps missing |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data.get("table", []):
-        peak = _fmt(r["peak_decode_throughput_tok_s"])
-        tail = _fmt(r["peak_tail_throughput_tok_s"])
-        lines.append(f"| {r['hardware']} | {r['attention']} | {r['spec']} | {r['system']} | {peak}"
-                     f"{'' if r['peak_decode_throughput_tok_s_cap'] is None else ' (%d)' % r['peak_decode_throughput_tok_s_cap']}"
-                     f" | {tail}{'' if r['peak_tail_throughput_tok_s_cap'] is None else ' (%d)' % r['peak_tail_throughput_tok_s_cap']}"
-                     f" | {_fmt(r['batch1_tpot_ms'], 2)} | {_fmt(r['admitted_at_cap256'])} | "
-                     f"{','.join(map(str, r['caps_missing'])) or ''} |")
+        peak, tail = (_fmt(r[f"peak_{n}"]) + _cap(r[f"peak_{n}_cap"])
+                      for n in ("decode_throughput_tok_s", "tail_throughput_tok_s"))
+        lines.append(f"| {r['hardware']} | {r['attention']} | {r['spec']} | {r['system']} | {peak} | {tail} | "
+                     f"{_fmt(r['batch1_tpot_ms'], 2)} | {_fmt(r['admitted_at_cap256'])} | "
+                     f"{','.join(map(str, r['caps_missing']))} |")
     bad = {k: v for k, v in data.get("records", {}).items() if v.get("status") != "ok"}
     if bad:
         lines += ["", "Runs without a result:", ""]
@@ -254,9 +264,7 @@ def run_all(runs: list[dict], tree: Path, args, on_record) -> None:
                     need = mem_estimate_gb(run, mem_table)
                     if used + need <= args.mem_budget_gb or not running:
                         queue.remove(run)
-                        running.append(_start(run, tree, config_of(run["hardware"], run["attention"],
-                                       run["draft_tokens"], run["system"], run["cap"], args.requests_per_cap,
-                                       args.steps_on, args.steps_off), tmp))
+                        running.append(_start(run, tree, run_config(run, args), tmp))
                         used += need
             else:
                 for run in queue:
@@ -316,9 +324,16 @@ def main(argv=None) -> int:
         args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     caps = tuple(int(c) for c in args.only_caps.split(","))
     parts = [p for p in args.filter.split(",") if p]
-    runs = [r for r in todo(grid(caps), data["records"]) if all(p in r["key"] for p in parts)]
-    has_steady = (tree / "sim" / "run.py").is_file() and "run_throughput_tok_s" in (tree / "sim" / "run.py").read_text()
+    runs = [r for r in todo(grid(caps), data["records"], lambda r: run_config(r, args))
+            if all(p in r["key"] for p in parts)]
+    run_py = tree / "sim" / "run.py"
+    has_steady = run_py.is_file() and "run_throughput_tok_s" in run_py.read_text()
+    old = data.get("meta") or {}
+    earlier = old.pop("earlier_calls", [])
+    if old:  # the calls that wrote earlier records of this file, newest last
+        earlier.append({k: old.get(k) for k in ("date", "command", "machine", "commit", "settings")})
     data["meta"] = {
+        "earlier_calls": earlier,
         "label": args.label, "tree": str(tree), "commit": args.commit or _commit(tree),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv[:1], *(argv or sys.argv[1:])]),

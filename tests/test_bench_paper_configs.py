@@ -94,3 +94,14 @@ def test_memory_estimate_most_specific_key_wins(pc):
     assert pc.mem_estimate_gb({**run, "cap": 16}, table) == 32.0
     assert pc.mem_estimate_gb({**run, "attention": "dp"}, table) == 6.0
     assert pc.mem_estimate_gb({**run, "system": "sglang"}, table) == 2.0
+
+
+def test_resume_reruns_a_record_of_other_settings(pc):
+    import argparse
+
+    args = argparse.Namespace(requests_per_cap=2, steps_on=160, steps_off=320)
+    run = pc.grid((16,))[0]
+    records = {run["key"]: {"status": "ok", "config": pc.run_config(run, args)}}
+    assert pc.todo([run], records, lambda r: pc.run_config(r, args)) == []
+    longer = argparse.Namespace(requests_per_cap=2, steps_on=400, steps_off=800)
+    assert pc.todo([run], records, lambda r: pc.run_config(r, longer)) == [run]
