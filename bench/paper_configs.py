@@ -191,6 +191,26 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare_markdown(a: dict, b: dict) -> str:
+    """Two tables side by side: each cell `a → b`."""
+    la, lb = a.get("meta", {}).get("label", "a"), b.get("meta", {}).get("label", "b")
+    ca, cb = a.get("meta", {}).get("commit", "?"), b.get("meta", {}).get("commit", "?")
+    rows_b = {(r["hardware"], r["attention"], r["spec"], r["system"]): r for r in table_rows(b["records"])}
+    lines = [f"# Paper configs: {la} ({ca}) → {lb} ({cb})", "",
+             f"{la}: {a.get('meta', {}).get('definitions', '')}", "",
+             f"{lb}: {b.get('meta', {}).get('definitions', '')}", "", "| hw | attn | spec | system | peak decode tok/s (cap) | peak tail tok/s (cap) | batch-1 TPOT ms "
+             "| admitted @256 |", "|---|---|---|---|---|---|---|---|"]
+    for ra in table_rows(a["records"]):
+        rb = rows_b[(ra["hardware"], ra["attention"], ra["spec"], ra["system"])]
+        cell = lambda n, d=0, cap=False: (  # noqa: E731
+            f"{_fmt(ra[n], d)}{_cap(ra[n + '_cap']) if cap else ''} → {_fmt(rb[n], d)}"
+            f"{_cap(rb[n + '_cap']) if cap else ''}")
+        lines.append(f"| {ra['hardware']} | {ra['attention']} | {ra['spec']} | {ra['system']} | "
+                     f"{cell('peak_decode_throughput_tok_s', cap=True)} | "
+                     f"{cell('peak_tail_throughput_tok_s', cap=True)} | {cell('batch1_tpot_ms', 2)} | {cell('admitted_at_cap256')} |")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------------------------- running
 def _mem_available_gb() -> float:
     try:
@@ -312,6 +332,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mem-reserve-gb", type=float, default=6.0)
     ap.add_argument("--deadline-s", type=float, default=float("inf"))
     ap.add_argument("--summarize", action="store_true", help="only rebuild the table from the records")
+    ap.add_argument("--compare", default=None, metavar="LABEL",
+                    help="with --summarize: also write paper_configs_<LABEL>_vs_<label>.md, the two side by side")
     args = ap.parse_args(argv)
     tree = Path(args.tree).resolve()
     path = Path(args.out_dir) / f"paper_configs_{args.label}.json"
@@ -319,6 +341,11 @@ def main(argv=None) -> int:
     if args.summarize:
         save(path, data)
         print(path.with_suffix(".md").read_text())
+        if args.compare:
+            other = load_records(Path(args.out_dir) / f"paper_configs_{args.compare}.json")
+            out = Path(args.out_dir) / f"paper_configs_{args.compare}_vs_{args.label}.md"
+            out.write_text(compare_markdown(other, data))
+            print(out.read_text())
         return 0
     if args.mem_budget_gb is None:
         args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9

@@ -105,3 +105,14 @@ def test_resume_reruns_a_record_of_other_settings(pc):
     assert pc.todo([run], records, lambda r: pc.run_config(r, args)) == []
     longer = argparse.Namespace(requests_per_cap=2, steps_on=400, steps_off=800)
     assert pc.todo([run], records, lambda r: pc.run_config(r, longer)) == [run]
+
+
+def test_compare_puts_both_labels_side_by_side(pc):
+    key = pc.run_key("h200", "tp", 4, "ulacache", 256)
+    a = {"meta": {"label": "before", "commit": "85e086c"},
+         "records": {key: _ok(decode_throughput_tok_s=1861.0, max_admitted_concurrency=64)}}
+    b = {"meta": {"label": "after", "commit": "f00"},
+         "records": {key: _ok(decode_throughput_tok_s=4100.0, max_admitted_concurrency=170)}}
+    md = pc.compare_markdown(a, b)
+    assert "before (85e086c) → after (f00)" in md
+    assert "| h200 | tp | on | ulacache | 1,861 (256) → 4,100 (256) | — → — | — → — | 64 → 170 |" in md
