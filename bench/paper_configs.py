@@ -153,6 +153,9 @@ def table_rows(records: dict) -> list[dict]:
                         best = max(vals, key=vals.get) if vals else None
                         row[f"peak_{name}"] = vals[best] if vals else None
                         row[f"peak_{name}_cap"] = best
+                    best = row["peak_decode_throughput_tok_s_cap"]
+                    steady = ok[best].get("steady_window_steps") if best is not None else None
+                    row["peak_decode_steady_window_steps"] = steady  # None: the tree has no steady window
                     one, top = ok.get(1, {}), ok.get(256, {})
                     row["batch1_tpot_ms"] = _num(one.get("tpot_ms_mean"))
                     row["batch1_tpot_source"] = one.get("tpot_source", "whole run" if one else None)
@@ -181,9 +184,13 @@ def markdown(data: dict) -> str:
     for r in data.get("table", []):
         peak, tail = (_fmt(r[f"peak_{n}"]) + _cap(r[f"peak_{n}_cap"])
                       for n in ("decode_throughput_tok_s", "tail_throughput_tok_s"))
+        peak += " †" if r.get("peak_decode_steady_window_steps") == 0 else ""
         lines.append(f"| {r['hardware']} | {r['attention']} | {r['spec']} | {r['system']} | {peak} | {tail} | "
                      f"{_fmt(r['batch1_tpot_ms'], 2)} | {_fmt(r['admitted_at_cap256'])} | "
                      f"{','.join(map(str, r['caps_missing']))} |")
+    if any(r.get("peak_decode_steady_window_steps") == 0 for r in data.get("table", [])):
+        lines += ["", "† the peak run had no steady window (nothing finished within its steps, or nothing waited): "
+                  "its `decode_throughput_tok_s` is the whole-run figure."]
     bad = {k: v for k, v in data.get("records", {}).items() if v.get("status") != "ok"}
     if bad:
         lines += ["", "Runs without a result:", ""]

@@ -51,7 +51,8 @@ def test_table_peaks_tpot_and_admission(pc):
         key("ulacache", 1): _ok(decode_throughput_tok_s=200.0, tail_throughput_tok_s=210.0, tpot_ms_mean=15.0,
                                 max_admitted_concurrency=1, tpot_source="whole run"),
         key("ulacache", 16): _ok(decode_throughput_tok_s=1500.0, tail_throughput_tok_s=1400.0),
-        key("ulacache", 64): _ok(decode_throughput_tok_s=3000.0, tail_throughput_tok_s=3100.0),
+        key("ulacache", 64): _ok(decode_throughput_tok_s=3000.0, tail_throughput_tok_s=3100.0,
+                                 steady_window_steps=0),
         key("ulacache", 256): _ok(decode_throughput_tok_s=2900.0, tail_throughput_tok_s=float("nan"),
                                   max_admitted_concurrency=150),
         key("sglang", 256): {"status": "error", "error": "killed by SIGKILL"},
@@ -62,6 +63,7 @@ def test_table_peaks_tpot_and_admission(pc):
     u = rows[("h200", "dp", "on", "ulacache")]
     assert (u["peak_decode_throughput_tok_s"], u["peak_decode_throughput_tok_s_cap"]) == (3000.0, 64)
     assert (u["peak_tail_throughput_tok_s"], u["peak_tail_throughput_tok_s_cap"]) == (3100.0, 64)  # nan ignored
+    assert u["peak_decode_steady_window_steps"] == 0
     assert u["batch1_tpot_ms"] == 15.0 and u["admitted_at_cap256"] == 150 and u["caps_missing"] == []
     s = rows[("h200", "dp", "on", "sglang")]
     assert s["peak_decode_throughput_tok_s"] is None and s["admitted_at_cap256"] is None
@@ -83,7 +85,7 @@ def test_save_writes_json_and_markdown_and_load_reads_back(pc, tmp_path):
     md = path.with_suffix(".md").read_text()
     assert "abc1234" in md and "what each column is" in md
     assert "| b300 | tp | off | hisparse | 457 (256) | — | — | 32 | 1,16,64 |" in md
-    assert "b300-tp-specoff-hisparse-c1: error exit 1" in md
+    assert "b300-tp-specoff-hisparse-c1: error exit 1" in md and "†" not in md
     assert not list(tmp_path.glob(".*.tmp"))
 
 
