@@ -16,26 +16,29 @@ from ulacache.backends.cupy_pipeline import DevicePbLru, compare_state, compare_
 
 def check_steps(cache, addrs, selector, dev, steps: int, decode_alloc: bool = True) -> dict:
     """Run `steps` batches through the facade and the device pipeline; count batches whose plan or state differ."""
-    bad, diffs, hits = 0, [], []
+    bad, diffs, hits, rotated = 0, [], [], []
     for _ in range(steps):
         refs = to_addresses(addrs, selector.step())
         dev.load(cache)
+        epoch = cache.device_state().epoch
         plan = cache.access(refs)
         dev.set_refs(refs)
-        dev.launch_access(plan.now)
+        dev.launch_access()
         res = dev.result()
         d = compare_with_plan(res, plan)
         cache.commit(plan)
-        dev.launch_commit(plan.now)
+        dev.launch_commit()
         d += compare_state(dev.state(), cache)
         hits.append((plan.num_hits, res["num_hits"]))
+        rotated.append(cache.device_state().epoch - epoch)  # the epoch rule's outcome (0 or 1) for this batch
         if d:
             bad += 1
             diffs.append(d[:4])
         if decode_alloc:  # one new token per request, as a decode step would add
             ids = list(range(len(addrs)))
             cache.alloc_many(ids, [1] * len(ids), [0] * len(ids) if cache.config.mode == "dp" else None)
-    return {"steps": steps, "mismatched_steps": bad, "diffs": diffs[:3], "hits_facade_device": hits}
+    return {"steps": steps, "mismatched_steps": bad, "diffs": diffs[:3], "hits_facade_device": hits,
+            "rotated": rotated}
 
 
 def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history: int = 65536,
@@ -52,7 +55,6 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
     refs = to_addresses(addrs, sel.step())
     dev.load(cache)
     plan = cache.access(refs)
-    now = plan.now
     dev.set_refs(refs)
     snap = dev.snapshot()
     out = {"num_refs": int(refs.size), "num_unique": plan.num_unique, "num_hits": plan.num_hits,
@@ -61,12 +63,12 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
 
     def run_access():
         dev.restore(snap)
-        dev.launch_access(now)
+        dev.launch_access()
 
     def run_all():
         dev.restore(snap)
-        dev.launch_access(now)
-        dev.launch_commit(now)
+        dev.launch_access()
+        dev.launch_commit()
 
     # Restores are inside fn; time them alone and subtract (they are plain D2D copies).
     t_restore = time_gpu(lambda: dev.restore(snap), repeat=repeat)["median_s"]
@@ -80,8 +82,8 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
     try:
         stream = cp.cuda.Stream(non_blocking=True)
         graphs = {}
-        for name, fn in (("access", lambda: dev.launch_access(now)),
-                         ("access_commit", lambda: (dev.launch_access(now), dev.launch_commit(now)))):
+        for name, fn in (("access", lambda: dev.launch_access()),
+                         ("access_commit", lambda: (dev.launch_access(), dev.launch_commit()))):
             with stream:
                 dev.restore(snap)
                 stream.synchronize()
@@ -107,13 +109,13 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
         out["device_matches_plan_in_graph_run"] = not compare_with_plan(dev.result(), plan)
     except Exception as exc:  # graph capture is an optimisation; report why it was not measured
         out["graph_error"] = f"{type(exc).__name__}: {exc}"
-    out["stages_s"] = stage_times(dev, snap, now)
+    out["stages_s"] = stage_times(dev, snap)
     best = out.get("graph_access_s", out["eager_access_s"])
     out["refs_per_s"] = out["num_refs"] / best
     return out
 
 
-def stage_times(dev, snap, now: int, repeat: int = 5) -> dict:
+def stage_times(dev, snap, repeat: int = 5) -> dict:
     """GPU time of each pipeline stage: a spin kernel holds the GPU while the host enqueues the whole batch with
     events between stages, so event gaps are kernel time (plus the device-side launch gaps), not host time."""
     cp = cupy()
@@ -130,7 +132,7 @@ def stage_times(dev, snap, now: int, repeat: int = 5) -> dict:
 
         spin(3_000_000)
         mark("start")
-        dev.launch_access(now, mark=mark)
+        dev.launch_access(mark=mark)
         events[-1][1].synchronize()
         for (_, a), (stage, b) in zip(events, events[1:]):
             acc.setdefault(stage, []).append(cp.cuda.get_elapsed_time(a, b) * 1e-3)

@@ -45,8 +45,8 @@ def measure_management(shapes, history: int = 32768, gpu_slots: int = 1 << 20, s
         snap = dev.snapshot()
         with stream:
             stream.begin_capture()
-            dev.launch_access(plan.now)
-            dev.launch_commit(plan.now)
+            dev.launch_access()
+            dev.launch_commit()
             graph = stream.end_capture()
 
         def run(graph=graph):

@@ -219,7 +219,7 @@ class GpuExecutor(NumpyExecutor):
         with cp.cuda.Device(0), s0:
             spin(self.SPIN_NS)
             e0 = ev(s0)
-            self.dev.launch_access(plan.now)
+            self.dev.launch_access()
             e_acc = ev(s0)
         exchanged, done, starts, gathers = {}, {}, {}, {}
         for r in self.order:  # phase 1: each rank's exchange (PCIe) and new-token writes
@@ -251,7 +251,7 @@ class GpuExecutor(NumpyExecutor):
             for e in done.values():
                 s0.wait_event(e)
             e_x = ev(s0)
-            self.dev.launch_commit(plan.now)
+            self.dev.launch_commit()
             e1 = ev(s0)
         e1.synchronize()
         for r in range(R):

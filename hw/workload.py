@@ -8,10 +8,12 @@ from ulacache import CacheConfig, UlaCache
 
 
 def build_cache(num_requests: int, history: int, gpu_slots: int, cpu_slots: int, *, num_ranks: int = 1,
-                mode: str = "dp", payload_bytes: int = 0, local_buffer_slots: int = 0) -> tuple[UlaCache, list]:
+                mode: str = "dp", payload_bytes: int = 0, local_buffer_slots: int = 0,
+                num_recent_buckets: int = 32) -> tuple[UlaCache, list]:
     """A numpy-backed pb-lru cache holding `num_requests` histories of `history` tokens (GPU first, then CPU)."""
     cfg = CacheConfig(mode=mode, num_ranks=num_ranks, gpu_slots=gpu_slots, cpu_slots=cpu_slots, policy="pb-lru",
-                      backend="numpy", payload_bytes=payload_bytes, local_buffer_slots=local_buffer_slots)
+                      backend="numpy", payload_bytes=payload_bytes, local_buffer_slots=local_buffer_slots,
+                      num_recent_buckets=num_recent_buckets)
     cache = UlaCache(cfg)
     ids = list(range(num_requests))
     ranks = [i % num_ranks for i in ids] if mode == "dp" else None

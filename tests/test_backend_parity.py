@@ -71,6 +71,11 @@ def test_gather_scatter_hit_bucket(name, seed):
     stamps = rng.integers(-1, 40, size=4096, dtype=np.int64)
     slots = rng.integers(0, 4096, size=3000, dtype=np.int64)
     _same(b, b.bucket_of(b.asarray(stamps), b.asarray(slots), 37, 3), REF.bucket_of(stamps, slots, 37, 3))
+    # many buckets: ages past 127 (an int8 result wrapped negative and crashed pb-lru with 512 buckets)
+    stamps = rng.integers(-1, 1200, size=4096, dtype=np.int64)
+    got = REF.bucket_of(stamps, slots, 1100, 512)
+    assert got.min() >= 0 and got.max() == 513 and ((got > 127) & (got < 513)).any()
+    _same(b, b.bucket_of(b.asarray(stamps), b.asarray(slots), 1100, 512), got)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

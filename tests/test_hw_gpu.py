@@ -61,20 +61,25 @@ def test_peer_or_local_gather_equals_numpy():
     assert np.array_equal(cp.asnumpy(dst), want)
 
 
-@pytest.mark.parametrize("mode,ranks", [("dp", 1), ("tp", 2)])
-def test_device_pipeline_equals_facade(mode, ranks):
+@pytest.mark.parametrize("mode,ranks,num_recent,keep", [("dp", 1, 32, 0.44), ("tp", 2, 32, 0.44), ("tp", 2, 2, 0.9)])
+def test_device_pipeline_equals_facade(mode, ranks, num_recent, keep):
+    """The last case keeps 90% of each selection with 3 buckets: some batches open an epoch by volume, some because
+    they would need the current bucket, some do not rotate (the device runs the epoch rule on its own clock)."""
     from hw.accessbench import check_steps
     from hw.workload import Selector, build_cache
     from ulacache.backends.cupy_pipeline import DevicePbLru
 
     n, hist = 24, 6000
     gpu_slots = 12000 if mode == "dp" else 9000
-    cache, addrs = build_cache(n, hist, gpu_slots=gpu_slots, cpu_slots=n * hist, num_ranks=ranks, mode=mode)
-    sel = Selector(n, hist, 256, 4, seed=ranks)
+    cache, addrs = build_cache(n, hist, gpu_slots=gpu_slots, cpu_slots=n * hist, num_ranks=ranks, mode=mode,
+                               num_recent_buckets=num_recent)
+    sel = Selector(n, hist, 256, 4, seed=ranks, keep=keep, token_overlap=0.95 if keep > 0.5 else 0.8)
     dev = DevicePbLru(cache, n * 4 * 256)
     out = check_steps(cache, addrs, sel, dev, steps=12, decode_alloc=True)
     assert out["mismatched_steps"] == 0, out["diffs"]
     assert all(a == b for a, b in out["hits_facade_device"])
+    if keep > 0.5:
+        assert 0 in out["rotated"] and 1 in out["rotated"]
 
 
 @pytest.mark.parametrize("row_bytes", [656, 1152])

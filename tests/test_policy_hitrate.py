@@ -1,5 +1,5 @@
-"""PB-LRU's hit rate stays within 0.5 points of exact LRU on locality-rich random workloads (DESIGN §3 asks for 0.1
-with enough recent buckets; bench/policy_bench.py records the gaps measured, default buckets: <= 0.1 points)."""
+"""PB-LRU's hit rate stays within 0.1 points of exact LRU (DESIGN §3) on locality-rich random workloads with the
+default buckets (bench/policy_bench.py records the gaps measured)."""
 import numpy as np
 import pytest
 
@@ -23,13 +23,14 @@ def hit_rate(policy: str, gpu: int, seed: int, steps: int = 50, num_recent=None)
 
 
 @pytest.mark.parametrize("gpu,seed", [(8192, 0), (20000, 1), (40000, 2)])
-def test_pblru_hit_rate_within_half_a_point_of_lru(gpu, seed):
+def test_pblru_hit_rate_within_a_tenth_of_a_point_of_lru(gpu, seed):
     pb, lru = hit_rate("pb-lru", gpu, seed), hit_rate("lru", gpu, seed)
     assert 0.3 < lru < 0.99  # the workload actually exercises replacement
-    assert abs(lru - pb) * 100 <= 0.5, f"pb-lru {pb:.4f} vs lru {lru:.4f}"
+    assert abs(lru - pb) * 100 <= 0.1, f"pb-lru {pb:.4f} vs lru {lru:.4f}"
 
 
 def test_too_few_buckets_do_lose_hit_rate():
-    """The comparison can fail: with one recent bucket the cold bucket is evicted in slot order, not by age."""
+    """The comparison can fail: with one recent bucket (two buckets of half the turnover each) the eviction frontier
+    is ordered by slot inside half a turnover, not by age, and pb-lru falls more than a tenth of a point behind."""
     pb, lru = hit_rate("pb-lru", 20000, 1, num_recent=1), hit_rate("lru", 20000, 1)
-    assert (lru - pb) * 100 > 0.5
+    assert (lru - pb) * 100 > 0.1

@@ -89,7 +89,7 @@ def test_device_state_is_a_consistent_dense_snapshot(policy):
     free = np.unpackbits(st.free_bm, bitorder="little").astype(bool)
     valid = (np.arange(lay.cpu_base) % lay.gpu_seg) < lay.gpu_slots
     assert np.array_equal(free, valid & (st.owner < 0))
-    assert st.step == 1 and (st.stamps[st.phys[a[::3]]] == 1).all()
+    assert st.step == 1 and (st.stamps[st.phys[a[::3]]] == (st.epoch if policy == "pb-lru" else 1)).all()
     if policy == "pb-lru":
         assert st.ring.shape == (st.num_recent + 1, lay.cpu_base // 8)
         members = np.unpackbits(st.ring, axis=1, bitorder="little").sum(0) + np.unpackbits(st.cold, bitorder="little")

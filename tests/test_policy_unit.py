@@ -207,6 +207,53 @@ def test_pblru_evicts_cold_before_recent_and_never_current():
     c.check_invariants()
 
 
+def test_pblru_epochs_end_by_insertion_volume_not_by_access():
+    """An epoch ends before an access once a (K + 1)-th of the GPU slots were inserted during it (policies/pblru.py)."""
+    c = make(gpu_slots=64, cpu_slots=200, num_recent_buckets=3)  # epoch volume 16
+    a = c.alloc(1, 64)  # fills the GPU: 64 insertions in epoch 0
+    clock = lambda: (c.device_state().epoch, c.device_state().epoch_inserted)
+    assert clock() == (0, 64) and c.device_state().epoch_volume == 16
+    c.commit(c.access(a[0:4]))
+    assert clock() == (1, 0)  # 64 >= 16: the access opened epoch 1
+    c.commit(c.access(a[4:8]))  # hits only: no insertion, same epoch
+    b = c.alloc(2, 100)  # all on the CPU tier: no GPU insertion
+    c.commit(c.access(b[0:10]))
+    assert clock() == (1, 10)
+    assert (c.locate(a[8:18])[0] == 1).all() and (c.locate(a[:8])[0] == 0).all()  # epoch 0 evicted, lowest slot first
+    c.commit(c.access(b[10:20]))
+    assert clock() == (1, 20)
+    c.commit(c.access(b[20:22]))
+    assert clock() == (2, 2)  # 20 >= 16 inserted: the next access rotated
+    c.check_invariants()
+
+
+def test_pblru_epoch_ends_before_an_access_that_would_need_the_current_bucket():
+    c = make(gpu_slots=8, cpu_slots=8, num_recent_buckets=3)  # epoch volume 2
+    a = c.alloc(1, 9)
+    c.commit(c.access(a[0:4]))  # 8 GPU insertions: epoch 1
+    c.commit(c.access(a[4:8]))  # no insertion: still epoch 1, the current bucket holds the whole pool
+    assert c.device_state().epoch == 1
+    c.commit(c.access(a[8:9]))  # would need a current slot: epoch 2 first, then the oldest slot goes
+    assert c.device_state().epoch == 2
+    assert c.locate(a[0])[0] == 1 and (c.locate(a[1:])[0] == 0).all()
+    c.check_invariants()
+
+
+def test_pblru_many_buckets_age_past_int8():
+    """512 recent buckets: slots older than 127 epochs are found in their bucket (used to crash in bucket_of)."""
+    c = make(gpu_slots=2048, cpu_slots=64, num_recent_buckets=512)  # epoch volume 4
+    old = c.alloc(1, 1)
+    hist = c.alloc(2, 1500)
+    for step in range(130):  # 4 GPU insertions per step: every access opens an epoch
+        hist = np.concatenate([hist, c.alloc_many([2], [4], [0])])
+        c.commit(c.access(hist[step * 8:(step + 1) * 8]))
+    assert c.device_state().epoch > 128
+    c.commit(c.access(old))  # a hit 130 epochs old moves from its recent bucket to the current one
+    c.check_invariants()
+    c.free(2)
+    c.check_invariants()
+
+
 def test_lru_evicts_least_recent_exactly():
     c = make(gpu_slots=4, cpu_slots=8, policy="lru")
     a = c.alloc(1, 12)

@@ -1,10 +1,10 @@
 """PB-LRU recency buckets as membership bitmaps: a ring of current/recent buckets and one cold bucket.
 
-A GPU slot touched at step s (its stamp) is in ring row s % (K + 1) while its age (now - s) is <= K, and in the
-cold bitmap after that. `rotate(now)` runs once per access batch (before the access at `now`): the ring row that is
-about to hold stamp `now` still holds stamp now - K - 1, which just turned cold, so it is OR-ed into the cold bitmap
-and cleared. Eviction order (DESIGN §3): cold, then recent buckets oldest -> newest; age 0 (current) is never a
-candidate.
+The buckets age by epochs, not by calls: `epoch` is the bucket clock, and a GPU slot touched during epoch e (its
+stamp) is in ring row e % (K + 1) while its age (epoch - e) is <= K, and in the cold bitmap after that. `rotate()`
+opens the next epoch: the ring row that is about to hold it still holds epoch - K - 1, which just turned cold, so it
+is OR-ed into the cold bitmap and cleared. When an epoch ends is the policy's rule (policies/pblru.py). Eviction
+order (DESIGN §3): cold, then recent buckets oldest -> newest; age 0 (the current bucket) is never a candidate.
 
 The bitmaps cover the GPU pool's storage (pools.Pool: rows per rank, grown with the slots in use) and keep their
 summaries (one flag per 64-slot word: the hierarchical summary) current as they are written, so a candidate search
@@ -23,6 +23,7 @@ from .pools import Pool, pack_summary
 class BucketBitmaps:
     def __init__(self, pool: Pool, num_recent: int):
         self.pool, self.num_recent = pool, num_recent
+        self.epoch = 0  # the bucket clock: slots touched now get this stamp
         words = pool.free_nz.size
         self.ring_bits = np.zeros((num_recent + 1, words * 8), dtype=np.uint8)
         self.cold_bits = np.zeros(words * 8, dtype=np.uint8)
@@ -43,8 +44,20 @@ class BucketBitmaps:
     def row(self, stamp: int) -> int:
         return stamp % (self.num_recent + 1)
 
-    def rotate(self, now: int) -> None:
-        i = self.row(now)
+    @property
+    def current(self) -> int:
+        """Ring row of the current bucket."""
+        return self.row(self.epoch)
+
+    def rank_counts(self, row: int) -> np.ndarray:
+        """Members of ring row `row` per rank (a popcount of the row's storage, R rows of cap slots)."""
+        words = self.ring_bits[row].view("<u8").reshape(self.pool.R, -1)
+        return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+
+    def rotate(self) -> None:
+        """Open the next epoch: the oldest recent bucket joins the cold one and its row becomes the current bucket."""
+        self.epoch += 1
+        i = self.row(self.epoch)
         if self.count[i]:
             w = np.flatnonzero(self.ring_nz[i])  # only the row's non-zero words
             cold, ring = self.cold_bits.view("<u8"), self.ring_bits[i].view("<u8")
@@ -76,31 +89,31 @@ class BucketBitmaps:
                 self.cleared[i] = 0
         self.count[i] += delta
 
-    def _write(self, be, age: int, now: int, slots: np.ndarray, value: bool) -> None:
+    def _write(self, be, age: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear
-        kind, row = ("cold", -1) if age > self.num_recent else ("ring", self.row(now - age))
+        kind, row = ("cold", -1) if age > self.num_recent else ("ring", self.row(self.epoch - age))
         bitmap = be.to_numpy(op(be.asarray(self._bits(kind, row)[0]), be.asarray(slots)))
         self._store(kind, row, bitmap, slots, slots.size if value else -slots.size)
 
-    def remove(self, be, slots: np.ndarray, stamps: np.ndarray, now: int) -> None:
-        """Take occupied slots (storage positions) out of whatever bucket their stamps put them in (age >= 0)."""
+    def remove(self, be, slots: np.ndarray, stamps: np.ndarray) -> None:
+        """Take occupied slots (storage positions) out of whatever bucket their stamps put them in."""
         if slots.size == 0:
             return
-        ages = be.to_numpy(be.bucket_of(be.asarray(stamps), be.asarray(slots), now, self.num_recent))
+        ages = be.to_numpy(be.bucket_of(be.asarray(stamps), be.asarray(slots), self.epoch, self.num_recent))
         present = np.flatnonzero(np.bincount(ages, minlength=self.num_recent + 2))
         if present.size == 1:
-            return self._write(be, int(present[0]), now, slots, False)
+            return self._write(be, int(present[0]), slots, False)
         for age in present.tolist():  # loop over buckets (at most K + 2)
-            self._write(be, age, now, slots.take(np.flatnonzero(ages == age)), False)
+            self._write(be, age, slots.take(np.flatnonzero(ages == age)), False)
 
-    def add(self, be, slots: np.ndarray, stamp: int, now: int) -> None:
-        """Put slots (not in any bucket) into the bucket of `stamp` as seen at `now`."""
+    def add(self, be, slots: np.ndarray) -> None:
+        """Put slots (not in any bucket) into the current bucket (their stamps are set to `epoch`)."""
         if slots.size:
-            self._write(be, max(now - stamp, 0), now, slots, True)
+            self._write(be, 0, slots, True)
 
-    def eviction_order(self, now: int) -> list[tuple[str, int]]:
+    def eviction_order(self) -> list[tuple[str, int]]:
         """(kind, row) of the candidate bitmaps in eviction order: cold, then ages K .. 1."""
-        return [("cold", -1)] + [("ring", self.row(now - age)) for age in range(self.num_recent, 0, -1)]
+        return [("cold", -1)] + [("ring", self.row(self.epoch - age)) for age in range(self.num_recent, 0, -1)]
 
     def size(self, kind: str, row: int) -> int:
         return int(self.count[-1] if kind == "cold" else self.count[row])

@@ -311,8 +311,10 @@ class UlaCache:
                                                 pol.gpu.free_bm, ring, cold)]
         for x in ro:
             x.setflags(write=False)
+        clock = (buckets.epoch, pol.inserted, pol.epoch_volume) if buckets is not None else (0, 0, 0)
         return DeviceState(self.layout(), self.config.policy, int(pol.step),
-                           buckets.num_recent if buckets is not None else 0, *ro, marker_size=self.space.size + 1)
+                           buckets.num_recent if buckets is not None else 0, *ro, marker_size=self.space.size + 1,
+                           epoch=int(clock[0]), epoch_inserted=int(clock[1]), epoch_volume=int(clock[2]))
 
     def num_free_slots(self, tier: int | None = None, rank: int | None = None) -> int:
         """Free token slots: tier 0 GPU, 1 CPU, None = logical slots a new token can take (GPU + CPU for pb-lru/lru,

@@ -17,7 +17,8 @@ class CacheConfig:
     mode: "dp" (rank-local address spaces) or "tp" (homes spread over the ranks, per-rank local buffers).
     cpu_slots: 0 = no CPU tier. payload_bytes: 0 = no bytes stored (policy only); payload_layers: layers of the
     indexer group whose bytes are stored (commit moves layer 0, `replay(plan)` moves the others).
-    num_recent_buckets: PB-LRU recent buckets between the current and the cold bucket (rotated once per access).
+    num_recent_buckets: PB-LRU recent buckets between the current and the cold bucket (an epoch ends after a
+        (K + 1)-th of the GPU slots was inserted: policies/pblru.py).
     device_buffer_slots: HiSparse per-request LRU buffer (the newest token has one more slot).
     local_buffer_slots: TP per-rank buffer of selected-KV copies; 0 = gpu_slots.
     row_bytes: bytes of one row on a link in the statistics; 0 = payload_bytes if set, else 656.

@@ -117,9 +117,11 @@ class DeviceState:
     sized by the budget, unlike the library's own storage: for device mirrors and validation, not the simulator).
 
     step: committed access batches (the next access has now = step + 1). phys[a]: place of address a (-1 none).
-    owner[g], stamps[g]: address held by / last-touch step of GPU place g (-1 free or padding). free_bm: free-slot
-    bitmap over GPU places (backends/README.md bit layout). ring[(K+1), G/8], cold[G/8]: pb-lru bucket bitmaps
-    (ring row = stamp % (K + 1)); empty for lru. marker_size: length of the dedup marker (addresses + 1)."""
+    owner[g], stamps[g]: address held by / last-touch clock of GPU place g (lru: step; pb-lru: bucket epoch; -1 free
+    or padding). free_bm: free-slot bitmap over GPU places (backends/README.md bit layout). ring[(K+1), G/8],
+    cold[G/8]: pb-lru bucket bitmaps (ring row = stamp % (K + 1)); empty for lru. marker_size: length of the dedup
+    marker (addresses + 1). pb-lru's bucket clock: epoch (current), epoch_inserted (GPU insertions during it) and
+    epoch_volume (insertions that end it; policies/pblru.py has the rule); 0 for lru."""
 
     layout: PlaceLayout
     policy: str
@@ -132,6 +134,9 @@ class DeviceState:
     ring: np.ndarray
     cold: np.ndarray
     marker_size: int
+    epoch: int = 0
+    epoch_inserted: int = 0
+    epoch_volume: int = 0
 
 
 __all__ = ["DeviceState", "Exchanges", "PlaceLayout"]

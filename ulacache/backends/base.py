@@ -56,7 +56,7 @@ class Backend(Protocol):
         """Bool mask: 0 <= places < num_gpu_places (the entry is GPU-resident)."""
 
     def bucket_of(self, stamps: Array, slots: Array, now: int, num_recent: int) -> Array:
-        """Recency bucket of each slot, int8: age = now - stamps[slots]; 0 if age <= 0 (current), age if
+        """Recency bucket of each slot, int32: age = now - stamps[slots]; 0 if age <= 0 (current), age if
         1 <= age <= num_recent (recent_age), num_recent + 1 if older (cold)."""
 
     def bitmap_set(self, bitmap: Array, slots: Array) -> Array:

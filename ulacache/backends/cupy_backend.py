@@ -47,7 +47,7 @@ def _ew(name: str):
         "gather": ("raw T table, int64 idx", "T out", "out = table[idx]"),
         "scatter": ("int64 idx, T v", "raw T table", "table[idx] = v"),
         "hit": ("int64 p, int64 g", "bool out", "out = (p >= 0) && (p < g)"),
-        "bucket": ("raw T stamps, int64 s, int64 now, int64 k", "int8 out",
+        "bucket": ("raw T stamps, int64 s, int64 now, int64 k", "int32 out",
                    "long long a = now - (long long)stamps[s]; out = a <= 0 ? 0 : (a > k ? k + 1 : a)"),
     }
     ins, outs, body = kernels[name]

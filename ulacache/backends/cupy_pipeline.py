@@ -3,8 +3,8 @@
 "Fused device pipeline".
 
 `DevicePbLru(cache, max_refs)` sizes device arrays from the public executor API (`cache.layout()`,
-`cache.device_state()`); `load(cache)` copies the state in; `set_refs` + `launch_access(now)` + `launch_commit(now)`
-run one batch (CUDA-graph capturable); `result()` reads back what `plan.exchanges` holds (misses in order, their
+`cache.device_state()`); `load(cache)` copies the state in (bucket clock included); `set_refs` + `launch_access()` +
+`launch_commit()` run one batch (CUDA-graph capturable; the epoch rule runs on the device); `result()` reads back what `plan.exchanges` holds (misses in order, their
 slots and victims, counts) so callers can check bit equality; `launch_exchange` moves one rank's rows. All ranks'
 metadata live on the current GPU (one segment per rank). cupy is imported inside functions only.
 """
@@ -45,6 +45,7 @@ def spin(ns: int) -> None:
 
 
 _STATE = ("phys", "owner", "stamps", "ring", "cold", "free_bm")
+_CLOCK = ("epoch", "epoch_inserted")  # clock[0], clock[1]; clock[2] = whether the last batch rotated (scratch)
 
 
 class DevicePbLru:
@@ -57,6 +58,7 @@ class DevicePbLru:
         self.G = lay.cpu_base
         self.cpu_base, self.cpu_slots = lay.cpu_base, max(lay.cpu_slots, 1)
         self.K = st.num_recent
+        self.gpu_slots, self.volume = lay.gpu_slots, st.epoch_volume
         self.max_refs = int(max_refs)
         if self.R > MAX_RANKS:
             raise ValueError(f"the device pipeline handles at most {MAX_RANKS} ranks")
@@ -82,6 +84,8 @@ class DevicePbLru:
         self.mbase = z(self.R + 1)
         self.miss_addr, self.miss_src, self.dests, self.victims = z(n), z(n), z(n), z(n)
         self.counters = z(2)  # hits, exchanges
+        self.clock = z(3)  # epoch, insertions during it, rotated by this batch
+        self.rank_hits, self.cur_counts = z(self.R), z(self.R)
         self.words_per_seg = self.seg // 64
         self.chunks = max(1, -(-self.words_per_seg // _BLOCK))  # WPT = 1 in access.cu
         pairs = (self.K + 2) * self.R
@@ -93,13 +97,14 @@ class DevicePbLru:
 
     # -- state ---------------------------------------------------------------------------------------------------------
     def _arrays(self):
-        return (self.phys, self.owner, self.stamps, self.ring, self.cold, self.free_bm)
+        return (self.phys, self.owner, self.stamps, self.ring, self.cold, self.free_bm, self.clock)
 
     def load(self, cache) -> None:
         """Copy the cache's committed state (`device_state()`) to the device (not part of any timed region)."""
         st = cache.device_state()
         for dst, name in zip(self._arrays(), _STATE):
             dst.set(np.ascontiguousarray(getattr(st, name), dtype=dst.dtype))
+        self.clock.set(np.array([st.epoch, st.epoch_inserted, 0], dtype=np.int64))
 
     def snapshot(self) -> list:
         return [a.copy() for a in self._arrays()]
@@ -118,7 +123,7 @@ class DevicePbLru:
         self.n_refs = int(flat.size)
         return self.n_refs
 
-    def launch_access(self, now: int, mark=None) -> None:
+    def launch_access(self, mark=None) -> None:
         """Enqueue one access batch; `mark(stage)` (optional) is called after each stage (event timing)."""
         cp = _cupy()
         mark = mark or (lambda stage: None)
@@ -126,6 +131,8 @@ class DevicePbLru:
         n, L = self.n_refs, self.marker.size
         self.mbase.fill(0)
         self.counters.fill(0)
+        self.rank_hits.fill(0)
+        self.cur_counts.fill(0)
         kernel("dedup_mark")((self.persist,), (_BLOCK,), (self.refs, i64(n), self.marker))
         mark("dedup_mark")
         kernel("dedup_count")((self.dedup_blocks,), (_BLOCK,), (self.marker, i64(L), self.dedup_counts))
@@ -135,9 +142,8 @@ class DevicePbLru:
         mark("dedup_emit")
         mb = -(-n // (_BLOCK * 8))
         kernel("pipe_classify")((mb,), (_BLOCK,),
-                                (self.uniq, self.n_uniq, self.phys, i64(self.G), self.stamps, i64(now),
-                                 np.int32(self.K), self.ring.view(cp.uint32), self.cold.view(cp.uint32),
-                                 self.counters[0:1], i64(self.cpu_base), i64(self.cpu_slots), np.int32(self.R),
+                                (self.uniq, self.n_uniq, self.phys, i64(self.G), i64(self.seg), self.counters[0:1],
+                                 self.rank_hits, i64(self.cpu_base), i64(self.cpu_slots), np.int32(self.R),
                                  self.places, self.miss_counts))
         mark("classify")
         kernel("pipe_miss_emit")((mb,), (_BLOCK,),
@@ -145,14 +151,25 @@ class DevicePbLru:
                                   i64(self.cpu_slots), np.int32(self.R), self.miss_counts, self.mbase,
                                   self.miss_addr, self.miss_src))
         mark("misses")
-        S, wps, rw = self.K + 2, self.words_per_seg, self.G // 64
+        K, S, wps, rw = np.int32(self.K), self.K + 2, self.words_per_seg, self.G // 64
+        ring64 = self.ring.view(cp.uint64)
+        kernel("pipe_cur_count")((self.chunks, self.R), (_BLOCK,), (ring64, i64(rw), i64(wps), self.clock, K,
+                                                                    self.cur_counts))
+        kernel("pipe_epoch")((1,), (32,), (self.cur_counts, self.rank_hits, self.mbase, np.int32(self.R),
+                                           i64(self.gpu_slots), i64(self.volume), self.clock))
+        kernel("pipe_rotate")((min(self.persist, -(-rw // _BLOCK)),), (_BLOCK,),
+                              (ring64, self.cold.view(cp.uint64), i64(rw), self.clock, K))
+        kernel("pipe_touch")((self.persist,), (_BLOCK,), (self.n_uniq, self.places, i64(self.G), self.stamps,
+                                                          self.clock, K, self.ring.view(cp.uint32),
+                                                          self.cold.view(cp.uint32)))
+        mark("epoch_touch")
         grid = (self.chunks, self.R, S)
         words = self.bms.view(cp.uint64)
-        kernel("sel_count_all")(grid, (_BLOCK,), (words, i64(rw), i64(wps), i64(now), np.int32(self.K), self.mbase,
+        kernel("sel_count_all")(grid, (_BLOCK,), (words, i64(rw), i64(wps), self.clock, K, self.mbase,
                                                   self.sel_counts))
         kernel("sel_plan")((1,), (_BLOCK,), (self.sel_counts, np.int32(self.chunks), np.int32(self.R), np.int32(S),
                                              self.mbase, self.sel_want, self.sel_base, self.sel_choff))
-        kernel("sel_emit_all")(grid, (_BLOCK,), (words, i64(rw), i64(wps), i64(now), np.int32(self.K),
+        kernel("sel_emit_all")(grid, (_BLOCK,), (words, i64(rw), i64(wps), self.clock, K,
                                                  self.sel_want, self.sel_base, self.sel_choff, self.dests))
         mark("select")
         kernel("pipe_victims")((self.persist,), (_BLOCK,),
@@ -160,17 +177,13 @@ class DevicePbLru:
                                 self.counters[1:2]))
         mark("victims")
 
-    def launch_commit(self, now: int) -> None:
-        """Apply the batch (mapping, owners, stamps, buckets), then rotate the ring for the next batch."""
+    def launch_commit(self) -> None:
+        """Apply the batch (mapping, owners, stamps, the chosen slots into the current bucket)."""
         cp = _cupy()
         kernel("pipe_commit")((self.persist,), (_BLOCK,),
                               (self.dests, self.mbase, np.int32(self.R), self.miss_addr, self.miss_src, self.victims,
-                               self.phys, self.owner, self.stamps, np.int64(now), np.int32(self.K), np.int64(self.G),
+                               self.phys, self.owner, self.stamps, self.clock, np.int32(self.K), np.int64(self.G),
                                self.ring.view(cp.uint32)))
-        row = (now + 1) % (self.K + 1)
-        nwords = self.G // 64
-        kernel("pipe_rotate")((min(self.persist, -(-nwords // _BLOCK)),), (_BLOCK,),
-                              (self.ring[row].view(cp.uint64), self.cold.view(cp.uint64), np.int64(nwords)))
 
     def launch_exchange(self, gpu_pool, host_pool, rank: int, row_bytes: int, unroll: int = 4) -> None:
         """The real KV exchange of rank `rank`'s misses between its GPU pool (on the current device) and its pinned
@@ -206,7 +219,10 @@ class DevicePbLru:
         }
 
     def state(self) -> dict:
-        return {name: a.get() for name, a in zip(_STATE, self._arrays())}
+        out = {name: a.get() for name, a in zip(_STATE, self._arrays())}
+        clock = self.clock.get()
+        out.update(epoch=int(clock[0]), epoch_inserted=int(clock[1]))
+        return out
 
 
 def compare_with_plan(dev: dict, plan) -> list[str]:
@@ -229,4 +245,4 @@ def compare_with_plan(dev: dict, plan) -> list[str]:
 def compare_state(dev: dict, cache) -> list[str]:
     """Differences between the device state after commit and the cache's (`device_state()`) after commit."""
     st = cache.device_state()
-    return [f"{k} differs after commit" for k in _STATE if not np.array_equal(dev[k], getattr(st, k))]
+    return [f"{k} differs after commit" for k in _STATE + _CLOCK if not np.array_equal(dev[k], getattr(st, k))]

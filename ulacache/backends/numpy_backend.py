@@ -43,7 +43,7 @@ class NumpyBackend:
 
     def bucket_of(self, stamps, slots, now, num_recent):
         age = now - stamps[slots]
-        return np.clip(age, 0, num_recent + 1).astype(np.int8)
+        return np.clip(age, 0, num_recent + 1).astype(np.int32)
 
     def bitmap_set(self, bitmap, slots):
         return self._bitmap_write(bitmap, slots, True)

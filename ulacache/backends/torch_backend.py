@@ -104,7 +104,7 @@ class TorchBackend:
 
     def bucket_of(self, stamps, slots, now, num_recent):
         age = now - stamps[slots].to(torch.int64)
-        return torch.clamp(age, 0, num_recent + 1).to(torch.int8)
+        return torch.clamp(age, 0, num_recent + 1).to(torch.int32)
 
     def _bitmap_write(self, bitmap, slots, set_: bool):
         slots = slots.reshape(-1).to(torch.int64)

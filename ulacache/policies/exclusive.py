@@ -123,7 +123,7 @@ class ExclusivePolicy:
         places[gi] = self.gpu.places(gidx)
         self.gpu.num_free -= g_counts
         self.gpu.own[gidx] = addrs[gi]
-        self.gpu.touch(gidx, self.step)
+        self.gpu.touch(gidx, self._clock(self.step))
         self._on_alloc(gidx)
         self.space.set_places(addrs, places)
         offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -185,11 +185,10 @@ class ExclusivePolicy:
             self.cpu.release(st.miss_src[~has_v])
             gpu.num_free -= np.bincount(st.dests[~has_v] // gpu.seg, minlength=self.cfg.num_ranks)
         gpu.own[st.dest_gidx] = st.miss_addrs
-        gpu.touch(st.hit_gidx, now)
-        gpu.touch(st.dest_gidx, now)
+        gpu.touch(st.hit_gidx, self._clock(now))
+        gpu.touch(st.dest_gidx, self._clock(now))
         self.pending_d2h[:] = 0
         self.step = now
-        self._rotate(now + 1)
 
     # -- free ----------------------------------------------------------------------------------------------------------
     def free(self, request_id: int) -> np.ndarray:
@@ -240,8 +239,9 @@ class ExclusivePolicy:
     def _on_release(self, gslots: np.ndarray) -> None:
         pass
 
-    def _rotate(self, now: int) -> None:
-        pass
+    def _clock(self, step: int) -> int:
+        """The recency stamp of a touch during access `step` (lru: the step itself; pb-lru: its bucket epoch)."""
+        return step
 
     def _check_policy(self, alloc, places, on_gpu) -> None:
         pass

@@ -1,8 +1,18 @@
 """PB-LRU (DESIGN §3): bucketed LRU over the shared GPU pool with membership bitmaps and summary-guided search.
 
 Replacement order per rank: free slots, the cold bucket, then recent buckets oldest -> newest, lowest slot first
-inside each bitmap. Hits (and the slots the misses take) join the current bucket, which is never a candidate.
-The buckets are updated in place when the plan is made (the facade commits every plan it hands out).
+inside each bitmap. Hits, the slots the misses take and newly allocated slots join the current bucket, which is
+never a candidate. The buckets are updated in place when the plan is made (the facade commits every plan it hands out).
+
+Buckets age by volume, not by call: an epoch (the current bucket's lifetime) ends before an access once the slots
+inserted into the GPU pool during it (misses placed + tokens allocated on the GPU) reach a (K + 1)-th of the GPU
+slots of all ranks. An entry nobody touches is evicted by exact LRU after about one pool's worth of insertions, so the
+K + 1 ring buckets span that eviction age whatever the pool, batch and miss rate, and the eviction frontier falls
+in the oldest recent buckets, ordered by age to a (K + 1)-th of the turnover. (Rotating per access made the ring
+span K accesses: a pool that turns over in more accesses than that sat mostly in the cold bucket, where eviction
+goes by slot index, not age.) An epoch also ends before an access that might otherwise have to take a replacement
+slot from the current bucket (on some rank, current members + this batch's hits and misses exceed its slots), so
+only what this access uses is protected. Stamps are epochs.
 """
 from __future__ import annotations
 
@@ -13,18 +23,42 @@ from ..errors import require
 from .exclusive import ExclusivePolicy
 
 
+def epoch_volume(num_ranks: int, gpu_slots: int, num_recent: int) -> int:
+    """GPU insertions that end an epoch: a (K + 1)-th of the GPU slots of all ranks, rounded up."""
+    return -(-num_ranks * gpu_slots // (num_recent + 1))
+
+
 class PbLruPolicy(ExclusivePolicy):
     name = "pb-lru"
 
     def __init__(self, cfg, be):
         super().__init__(cfg, be)
         self.buckets = BucketBitmaps(self.gpu, cfg.num_recent_buckets)
-        self._rotate(1)
+        self.epoch_volume = epoch_volume(cfg.num_ranks, cfg.gpu_slots, cfg.num_recent_buckets)
+        self.inserted = 0  # slots inserted into the GPU pool during the current epoch
+
+    def _clock(self, step):
+        return self.buckets.epoch
+
+    def _ends_epoch(self, hit_gidx, m_counts) -> bool:
+        """The rotation rule (module docstring), evaluated before the access's recency update."""
+        b, slots = self.buckets, self.cfg.gpu_slots
+        if self.inserted >= self.epoch_volume:
+            return True
+        cur = int(b.count[b.current])
+        if cur + hit_gidx.size + int(m_counts.sum()) <= slots:  # no rank can run short (cheap sufficient test)
+            return False
+        h_counts = np.bincount(self.gpu.rank_of_idx(hit_gidx), minlength=m_counts.size)
+        return bool((b.rank_counts(b.current) + h_counts + m_counts > slots).any())
 
     def _select(self, hit_gidx, m_counts, now):
         be, buckets = self.be, self.buckets
-        buckets.remove(be, hit_gidx, self.gpu.stamp, now)  # recency update: hits move to the current bucket
-        buckets.add(be, hit_gidx, now, now)
+        if self._ends_epoch(hit_gidx, m_counts):
+            buckets.rotate()
+            self.inserted = 0
+        self.inserted += int(m_counts.sum())
+        buckets.remove(be, hit_gidx, self.gpu.stamp)  # recency update: hits move to the current bucket
+        buckets.add(be, hit_gidx)
         parts, founds = [], []
         remaining = m_counts
         if remaining.any():
@@ -32,7 +66,7 @@ class PbLruPolicy(ExclusivePolicy):
             parts.append(slots)
             founds.append(found)
             remaining = remaining - found
-        for kind, row in buckets.eviction_order(now):
+        for kind, row in buckets.eviction_order():
             if not remaining.any():
                 break
             if buckets.size(kind, row) == 0:
@@ -44,28 +78,27 @@ class PbLruPolicy(ExclusivePolicy):
             remaining = remaining - found
         require(not remaining.any(), "capacity was checked before selection")
         dests = self._by_rank(parts, founds)
-        buckets.add(be, dests, now, now)
+        buckets.add(be, dests)
         return dests
 
     def _on_alloc(self, gidx):
-        self.buckets.add(self.be, gidx, self.step, self.step + 1)
+        self.buckets.add(self.be, gidx)
+        self.inserted += int(gidx.size)
 
     def _on_release(self, gidx):
-        self.buckets.remove(self.be, gidx, self.gpu.stamp, self.step + 1)
-
-    def _rotate(self, now):
-        self.buckets.rotate(now)
+        self.buckets.remove(self.be, gidx, self.gpu.stamp)
 
     def _check_policy(self, alloc, places, on_gpu):
-        """Each occupied GPU slot sits in exactly the bucket its stamp says; free slots in none; summaries current."""
-        gpu, b, K, now = self.gpu, self.buckets, self.buckets.num_recent, self.step + 1
+        """Each occupied GPU slot sits in exactly the bucket its stamp (epoch) says; free slots in none; summaries
+        current; no stamp ahead of the clock."""
+        gpu, b, K, epoch = self.gpu, self.buckets, self.buckets.num_recent, self.buckets.epoch
         n = gpu.own.size
         member = np.zeros(n, dtype=np.int64)
         expect = np.full(n, -1, dtype=np.int64)
         occ = np.flatnonzero(gpu.own >= 0)
-        age = np.clip(now - gpu.stamp[occ], 0, K + 1)
-        require((age >= 1).all(), "a slot is in the current bucket between accesses")
-        expect[occ] = np.where(age > K, -2, (now - age) % (K + 1))
+        age = epoch - gpu.stamp[occ]
+        require((age >= 0).all(), "a slot's stamp is ahead of the bucket clock")
+        expect[occ] = np.where(age > K, -2, gpu.stamp[occ] % (K + 1))
         for row in range(K + 1):
             bits = np.unpackbits(b.ring_bits[row], bitorder="little").astype(np.int64)
             member += bits
@@ -81,4 +114,4 @@ class PbLruPolicy(ExclusivePolicy):
         require((member.sum() == occ.size), "a free slot is in a bucket")
 
 
-__all__ = ["PbLruPolicy"]
+__all__ = ["PbLruPolicy", "epoch_volume"]

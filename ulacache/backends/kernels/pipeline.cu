@@ -1,10 +1,12 @@
 // Device-resident PB-LRU access batch (DESIGN §3/§4), the sync-free form of the facade's exclusive-policy access:
-// dedup (access.cu) -> translate + hit detection + recency update -> misses grouped by home rank (ascending address)
-// -> replacement slots from the free bitmap, the cold bucket, then recent buckets oldest -> newest (lowest slot first
-// per segment) -> victims; commit updates mapping, owners, stamps and buckets; rotate ages the ring.
-// Counts live in device memory, so a whole batch is one CUDA-graph-capturable launch sequence.
+// dedup (access.cu) -> translate + hit detection -> misses grouped by home rank (ascending address) -> the epoch
+// rule (policies/pblru.py: maybe rotate the ring) -> recency update of the hits -> replacement slots from the free
+// bitmap, the cold bucket, then recent buckets oldest -> newest (lowest slot first per segment) -> victims; commit
+// updates mapping, owners, stamps and the current bucket. The bucket clock lives in device memory (clock[0] epoch,
+// clock[1] GPU insertions during it, clock[2] whether this batch rotated), as do all counts, so a whole batch is one
+// CUDA-graph-capturable launch sequence.
 // Layouts (see ../README.md): places int64, GPU places [0, G), rank r's GPU segment [r*seg, (r+1)*seg); CPU places
-// cpu_base + r*cpu_slots + c. Bucket ring: (K+1) bitmaps of G bits (stamp s lives in row s % (K+1)); cold: G bits.
+// cpu_base + r*cpu_slots + c. Bucket ring: (K+1) bitmaps of G bits (epoch e lives in row e % (K+1)); cold: G bits.
 // Appended to access.cu (uses block_excl_scan / block_sum / WPT / chunk_popc).
 
 #define ITEMS 8
@@ -31,8 +33,9 @@ extern "C" __global__ void pipe_victims(const long long* __restrict__ dests, con
 extern "C" __global__ void pipe_commit(const long long* __restrict__ dests, const long long* __restrict__ mbase, int R,
                                        const long long* __restrict__ miss_addr, const long long* __restrict__ miss_src,
                                        const long long* __restrict__ victims, long long* phys, long long* owner,
-                                       long long* stamps, long long now, int K, long long G, unsigned int* ring) {
-  const long long n = mbase[R];
+                                       long long* stamps, const long long* __restrict__ clock, int K, long long G,
+                                       unsigned int* ring) {
+  const long long n = mbase[R], now = clock[0];
   unsigned int* cur = ring + (now % (K + 1)) * (G >> 5);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     long long d = dests[i], v = victims[i];
@@ -44,27 +47,73 @@ extern "C" __global__ void pipe_commit(const long long* __restrict__ dests, cons
   }
 }
 
-// rotate(now): the ring row about to hold stamp `now` turned cold.
-extern "C" __global__ void pipe_rotate(unsigned long long* ring_row, unsigned long long* cold, long long nwords) {
+// Members of the current ring row per rank: grid (chunks, R), one word per thread; adds into cur_counts[r].
+extern "C" __global__ void pipe_cur_count(const unsigned long long* __restrict__ ring, long long row_words,
+                                          long long wps, const long long* __restrict__ clock, int K,
+                                          long long* cur_counts) {
+  const int r = blockIdx.y;
+  const unsigned long long* words = ring + (clock[0] % (K + 1)) * row_words + r * wps;
+  long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  long long t = block_sum(w < wps ? __popcll(words[w]) : 0);
+  if (threadIdx.x == 0 && t) atomicAdd((unsigned long long*)(cur_counts + r), (unsigned long long)t);
+}
+
+// The epoch rule (one thread): end the epoch when its GPU insertions reached `volume`, or when on some rank current
+// members + this batch's hits + misses exceed its slots; then count this batch's misses as insertions.
+extern "C" __global__ void pipe_epoch(const long long* __restrict__ cur_counts, const long long* __restrict__ rank_hits,
+                                      const long long* __restrict__ mbase, int R, long long slots, long long volume,
+                                      long long* clock) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  bool rot = clock[1] >= volume;
+  for (int r = 0; r < R && !rot; ++r) rot = cur_counts[r] + rank_hits[r] + (mbase[r + 1] - mbase[r]) > slots;
+  if (rot) {
+    clock[0] += 1;
+    clock[1] = 0;
+  }
+  clock[1] += mbase[R];
+  clock[2] = rot;
+}
+
+// rotate: when this batch opened an epoch, the ring row about to hold it (the oldest recent bucket) turns cold.
+extern "C" __global__ void pipe_rotate(unsigned long long* ring, unsigned long long* cold, long long nwords,
+                                       const long long* __restrict__ clock, int K) {
+  if (!clock[2]) return;
+  unsigned long long* ring_row = ring + (clock[0] % (K + 1)) * nwords;
   for (long long w = blockIdx.x * (long long)blockDim.x + threadIdx.x; w < nwords; w += (long long)gridDim.x * blockDim.x) {
     cold[w] |= ring_row[w];
     ring_row[w] = 0ull;
   }
 }
 
-// ---- v2: one pass classifies (hits: recency update; misses: per-rank block counts) and keeps the places ----------
+// Recency update: each hit leaves its bucket for the current one, stamp = epoch.
+extern "C" __global__ void pipe_touch(const long long* __restrict__ n_uniq, const long long* __restrict__ places,
+                                      long long G, long long* stamps, const long long* __restrict__ clock, int K,
+                                      unsigned int* ring, unsigned int* cold) {
+  const long long n = *n_uniq, now = clock[0], row_words = G >> 5;
+  unsigned int* cur = ring + (now % (K + 1)) * row_words;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    long long p = places[i];
+    if (p < 0 || p >= G) continue;
+    long long st = stamps[p], age = now - st;
+    if (age > K) bit_clear(cold, p);
+    else if (age > 0) bit_clear(ring + (st % (K + 1)) * row_words, p);
+    if (age > 0) bit_set(cur, p);
+    stamps[p] = now;
+  }
+}
+
+// ---- v2: one pass classifies (hits per rank; misses: per-rank block counts) and keeps the places -----------------
 #define MAX_RANKS 8
 extern "C" __global__ void pipe_classify(const long long* __restrict__ uniq, const long long* __restrict__ n_uniq,
-                                         const long long* __restrict__ phys, long long G, long long* stamps,
-                                         long long now, int K, unsigned int* ring, unsigned int* cold,
-                                         long long* hit_count, long long cpu_base, long long cpu_slots, int R,
-                                         long long* __restrict__ places, long long* __restrict__ block_counts) {
-  const long long n = *n_uniq, row_words = G >> 5;
-  unsigned int* cur = ring + (now % (K + 1)) * row_words;
+                                         const long long* __restrict__ phys, long long G, long long seg,
+                                         long long* hit_count, long long* rank_hits, long long cpu_base,
+                                         long long cpu_slots, int R, long long* __restrict__ places,
+                                         long long* __restrict__ block_counts) {
+  const long long n = *n_uniq;
   long long i0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * ITEMS;
-  int cnt[MAX_RANKS];
+  int cnt[MAX_RANKS], hcnt[MAX_RANKS];
 #pragma unroll
-  for (int r = 0; r < MAX_RANKS; ++r) cnt[r] = 0;
+  for (int r = 0; r < MAX_RANKS; ++r) cnt[r] = hcnt[r] = 0;
   int hits = 0;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
@@ -73,11 +122,9 @@ extern "C" __global__ void pipe_classify(const long long* __restrict__ uniq, con
     long long p = phys[uniq[i]];
     places[i] = p;
     if (p >= 0 && p < G) {
-      long long st = stamps[p], age = now - st;
-      if (age > K) bit_clear(cold, p);
-      else if (age > 0) bit_clear(ring + (st % (K + 1)) * row_words, p);
-      if (age > 0) bit_set(cur, p);
-      stamps[p] = now;
+      int r = R == 1 ? 0 : (int)(p / seg);
+#pragma unroll
+      for (int q = 0; q < MAX_RANKS; ++q) hcnt[q] += (q == r);
       ++hits;
     } else if (p >= G) {
       int r = R == 1 ? 0 : (int)((p - cpu_base) / cpu_slots);
@@ -88,11 +135,16 @@ extern "C" __global__ void pipe_classify(const long long* __restrict__ uniq, con
   long long h = block_sum(hits);
   if (threadIdx.x == 0 && h) atomicAdd((unsigned long long*)hit_count, (unsigned long long)h);
   for (int r = 0; r < R; ++r) {
-    int v = 0;
+    int v = 0, hv = 0;
 #pragma unroll
-    for (int q = 0; q < MAX_RANKS; ++q) v = (q == r) ? cnt[q] : v;
+    for (int q = 0; q < MAX_RANKS; ++q) {
+      v = (q == r) ? cnt[q] : v;
+      hv = (q == r) ? hcnt[q] : hv;
+    }
     long long t = block_sum(v);
     if (threadIdx.x == 0) block_counts[r * gridDim.x + blockIdx.x] = t;
+    long long th = block_sum(hv);
+    if (threadIdx.x == 0 && th) atomicAdd((unsigned long long*)(rank_hits + r), (unsigned long long)th);
   }
 }
 
@@ -151,7 +203,7 @@ extern "C" __global__ void spin_ns(long long ns) {
 
 // ---- replacement over all sources in three launches (count, plan, emit); hw/NOTES.md has the earlier versions ----
 // Bitmaps live as rows of one array `bms`: row 0 free, row 1 cold, row 2 + i ring row i. Source s of batch `now`:
-// 0 free, 1 cold, then recent ages K .. 1 (ring row (now - age) mod (K + 1)). chunk = blockDim.x words (WPT = 1).
+// 0 free, 1 cold, then recent ages K .. 1 (ring row (epoch - age) mod (K + 1)). chunk = blockDim.x words (WPT = 1).
 __device__ __forceinline__ long long src_row(int s, long long now, int K) {
   if (s < 2) return s;
   long long age = K - (s - 2), m = (now - age) % (K + 1);
@@ -159,15 +211,15 @@ __device__ __forceinline__ long long src_row(int s, long long now, int K) {
 }
 
 extern "C" __global__ void sel_count_all(const unsigned long long* __restrict__ bms, long long row_words,
-                                         long long wps, long long now, int K, const long long* __restrict__ mbase,
-                                         long long* __restrict__ counts) {
+                                         long long wps, const long long* __restrict__ clock, int K,
+                                         const long long* __restrict__ mbase, long long* __restrict__ counts) {
   const int c = blockIdx.x, r = blockIdx.y, s = blockIdx.z, nch = gridDim.x, R = gridDim.y;
   long long* out = counts + ((long long)s * R + r) * nch + c;
   if (mbase[r + 1] == mbase[r]) {  // this rank has no misses: nothing to find
     if (threadIdx.x == 0) *out = 0;
     return;
   }
-  const unsigned long long* words = bms + src_row(s, now, K) * row_words + r * wps;
+  const unsigned long long* words = bms + src_row(s, clock[0], K) * row_words + r * wps;
   long long w = (long long)c * blockDim.x + threadIdx.x;
   int pc = w < wps ? __popcll(words[w]) : 0;
   long long t = block_sum(pc);
@@ -210,15 +262,16 @@ extern "C" __global__ void sel_plan(const long long* __restrict__ counts, int nc
   }
 }
 
-extern "C" __global__ void sel_emit_all(unsigned long long* bms, long long row_words, long long wps, long long now,
-                                        int K, const long long* __restrict__ want, const long long* __restrict__ base,
+extern "C" __global__ void sel_emit_all(unsigned long long* bms, long long row_words, long long wps,
+                                        const long long* __restrict__ clock, int K,
+                                        const long long* __restrict__ want, const long long* __restrict__ base,
                                         const long long* __restrict__ chunk_off, long long* __restrict__ dests) {
   const int c = blockIdx.x, r = blockIdx.y, s = blockIdx.z, nch = gridDim.x, R = gridDim.y;
   const long long i = (long long)s * R + r, w = want[i];
   if (w <= 0) return;
   const long long coff = chunk_off[i * nch + c];
   if (coff >= w) return;  // uniform across the block
-  unsigned long long* words = bms + src_row(s, now, K) * row_words + r * wps;
+  unsigned long long* words = bms + src_row(s, clock[0], K) * row_words + r * wps;
   long long wi = (long long)c * blockDim.x + threadIdx.x;
   unsigned long long v = wi < wps ? words[wi] : 0ull;
   long long total;
