@@ -165,7 +165,8 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
     for system in systems:
         overrides = base + [f"system={system}"]
         resolved = sim_resolve(config_path, overrides)  # bad keys/values fail here, before any replay
-        limit = max_concurrency or (0 if requests_per_cap else int(resolved["workload"]["num_requests"]))
+        wl = resolved["workload"]  # num_requests None: each cap draws 2 x cap requests (config.default_num_requests)
+        limit = max_concurrency or (0 if requests_per_cap else int(wl["num_requests"] or wl["max_concurrency"]))
         if limit < 1:
             raise ValueError("--requests-per-cap needs --max-concurrency (the upper end of the search)")
         jobs.append(dict(system=system, config_path=config_path, overrides=overrides, limit=limit,

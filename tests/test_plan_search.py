@@ -84,3 +84,25 @@ def test_rel_tol_trades_replays_for_precision():
     loose = search_peak(loose_eval, 100.0, 4096, rel_tol=0.05)
     assert exact.best.concurrency == 700
     assert 700 * 0.94 <= loose.best.concurrency <= 700 and len(loose_calls) < len(exact_calls)
+
+
+def test_search_limit_without_num_requests(tmp_path, monkeypatch):
+    """A base config without workload.num_requests (each cap then draws 2 x cap requests) searches up to its
+    max_concurrency; with num_requests given, up to that."""
+    import sim.plan as plan
+
+    seen = []
+
+    def fake(job):
+        seen.append(job["limit"])
+        return {"best": None, "slo_edge": None, "ceiling": None, "reason": "test", "search_limit": job["limit"],
+                "num_replays": 0, "search_wall_s": 0.0, "evaluations": []}
+
+    monkeypatch.setattr(plan, "_search_system", fake)
+    monkeypatch.setattr(plan, "plot_plan", lambda p, path: None)
+    base = tmp_path / "base.yaml"
+    base.write_text("system: ulacache\nworkload: {max_concurrency: 48}\n")
+    kw = dict(model="glm-5", hardware="h200", num_gpus=8, slo_tpot_ms=50.0, systems=["sglang"], attention="tp")
+    plan.run_plan(out_dir=tmp_path / "a", config=base, **kw)
+    plan.run_plan(out_dir=tmp_path / "b", config=base, sets=["workload.num_requests=12"], **kw)
+    assert seen == [48, 12]
