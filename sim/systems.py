@@ -330,7 +330,8 @@ class UlaCacheSystem(System):
     the default rule serves the largest concurrency it can without splitting (`no_split_concurrency`, capped by
     `workload.max_concurrency`): the buffer holds that concurrency's remote working set; the GPU pool takes the GPU
     first (at least the home working set, at most what the cap's requests can use); the CPU pool extends the logical
-    pool to what the cap can use, bounded by the CPU budget and by the GPU room for its index keys."""
+    pool to what the cap can use, bounded by the CPU budget and by the GPU room for its index keys. TP: GPU bytes the
+    cap's requests can never fill in the pool go to the buffer (more copies kept for reuse across steps)."""
 
     name = "ulacache"
     uses_policy = True
@@ -398,6 +399,7 @@ class UlaCacheSystem(System):
             b = None  # the default rule: sized with the concurrency below
         n_fit = self.no_split_concurrency(b)
         n_t = max(1.0, min(n_fit, math.ceil(cfg.workload["max_concurrency"] / spaces)))
+        default_buffer = b is None and self.tp
         if b is None:
             b = n_t * ws * self.remote_share
         rest = bg - b * kv  # GPU pool (KV + keys) and the CPU pool's keys
@@ -411,6 +413,9 @@ class UlaCacheSystem(System):
             g = max(floor, min(rest / (kv + ix), (rest - want * ix) / kv))  # GPU first, up to what the cap uses
             c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))
             g = (rest - c * ix) / (kv + ix)  # the GPU bytes the CPU pool's keys leave go to the GPU pool
+            if default_buffer and g > want:  # pool slots the cap can never fill: more buffer copies (reuse) instead
+                b += (g - want) * (kv + ix) / kv
+                g = want
         if (g + b) * kv + (g + c) * ix > bg * (1 + 1e-9) or g <= 0:
             raise ValueError(f"ulacache pools do not fit the GPU KV budget ({bg / 1e9:.1f} GB per GPU): gpu pool "
                              f"{g:.0f} slots, local buffer {b:.0f} slots, cpu pool {c:.0f} slots")

@@ -41,7 +41,8 @@ FROZEN_KEYS = ("completed_requests", "rejected_requests", "max_admitted_concurre
 # change of issue 11 item 2 (an intended behaviour change): admission no longer reserves q x top_k working-set slots
 # per request in the GPU pool and local buffers (ulacache-tp, ulacache-dp-lru admit 5 instead of 2 / 4; their small
 # explicit pools now overflow and the batches are served in sub-batches: policy_batch_splits > 0), and the default
-# TP local buffer holds the measured verify-token union instead of q x top_k per request (ulacache-tp-roomy).
+# TP local buffer holds the measured verify-token union (+ the GPU the cap cannot use) instead of q x top_k per request
+# (ulacache-tp-roomy: same hits and bytes, fewer buffer slots).
 FROZEN = {
     'ulacache-tp': {  # re-frozen by the sizing change (see the note above FROZEN)
         'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 45,
@@ -62,9 +63,9 @@ FROZEN = {
         'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 29,
         'decode_tokens': 111.0, 'gpu_hit_rate': 1.0, 'unique_ref_fraction': 0.5085914048298172,
         'pcie_h2d_bytes_per_token': 0.0, 'pcie_d2h_bytes_per_token': 0.0, 'pcie_prompt_load_bytes': 0.0,
-        'nvlink_kv_bytes_per_token': 19157097.08108108, 'physical_kv_slots': 29125.0,
-        'unique_history_positions': 17511.0, 'cap_buffer_slots': 11614.0, 'policy_calls': 362,
-        'policy_batch_splits': 101,
+        'nvlink_kv_bytes_per_token': 6413339.675675675, 'physical_kv_slots': 40741.0,
+        'unique_history_positions': 17511.0, 'cap_buffer_slots': 23230.0, 'policy_calls': 362,
+        'policy_batch_splits': 0,
     },
     'ulacache-dp-roomy': {
         'completed_requests': 5, 'rejected_requests': 0, 'max_admitted_concurrency': 5, 'decode_steps': 29,
