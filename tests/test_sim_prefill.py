@@ -134,3 +134,20 @@ def test_metrics_file_carries_the_mode(tmp_path, profile):
                  "--set", "workload.prefill=chunked"]) == 0
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert m["prefill_mode"] == "chunked" and m["prefill_chunk_tokens"] == 8192 and m["ttft_ms_p50"] > 0
+
+
+def test_sweep_over_modes_and_its_report(tmp_path, profile):
+    """A sweep over both modes writes one table (TTFT null where untimed) and the report draws from it."""
+    from reports import build_report
+    from sim.sweep import parse_grid, run_sweep
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**BASE, "system": "sglang", "attention": "tp",
+                                   "workload": {"num_requests": 2, "max_concurrency": 2, "profile": profile}}))
+    df = run_sweep(cfg, parse_grid(["workload.prefill=untimed,chunked"]), tmp_path / "s", workers=1)
+    assert (df["status"] == "ok").all(), df["error"].tolist()
+    by = df.set_index("workload.prefill")
+    assert by.loc["chunked", "prefill_mode"] == "chunked" and by.loc["chunked", "ttft_ms_p50"] > 0
+    assert by.loc["untimed", "prefill_s"] == 0.0
+    index = build_report(tmp_path / "s", tmp_path / "rep")
+    assert "throughput_vs_concurrency.png" in index.read_text()
