@@ -1,12 +1,13 @@
-"""The GPU twin of pb-lru: one access batch, its commit and the bucket rotation as one sync-free CUDA launch sequence
+"""The GPU twin of pb-lru: one access batch (epoch rule included) and its commit as one sync-free CUDA launch sequence
 (kernels/access.cu + kernels/pipeline.cu) on a device copy of a numpy-backed cache's state. Contract: README.md,
 "Fused device pipeline".
 
 `DevicePbLru(cache, max_refs)` sizes device arrays from the public executor API (`cache.layout()`,
 `cache.device_state()`); `load(cache)` copies the state in (bucket clock included); `set_refs` + `launch_access()` +
-`launch_commit()` run one batch (CUDA-graph capturable; the epoch rule runs on the device); `result()` reads back what `plan.exchanges` holds (misses in order, their
-slots and victims, counts) so callers can check bit equality; `launch_exchange` moves one rank's rows. All ranks'
-metadata live on the current GPU (one segment per rank). cupy is imported inside functions only.
+`launch_commit()` run one batch (CUDA-graph capturable; the epoch rule runs on the device); `result()` reads back
+what `plan.exchanges` holds (misses in order, their slots and victims, counts) so callers can check bit equality;
+`launch_exchange` moves one rank's rows. All ranks' metadata live on the current GPU (one segment per rank). cupy is
+imported inside functions only.
 """
 from __future__ import annotations
 
