@@ -12,7 +12,7 @@ from ulacache_cli.main import main
 
 BASE = {"model": {"preset": "glm-5", "weight_bytes": 100e9}, "hardware": {"preset": "h200", "num_gpus": 2},
         "memory": {"gpu_kv_bytes_per_gpu": 0.6e9, "cpu_kv_bytes_per_gpu": 20e9},
-        "fidelity": {"policy_groups": 2, "pilot_steps": 4, "request_fraction": 1.0}}
+        "fidelity": {"policy_groups": 2, "pilot_steps": 0, "request_fraction": 1.0}}
 PROFILE = """
 name: fixed{n}
 description: prompts of {n} tokens
