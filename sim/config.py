@@ -59,7 +59,7 @@ SCHEMA: dict[str, Any] = {
         "max_running_requests": (0, "int"),  # 0 = no cap beyond workload.max_concurrency
     },
     "ulacache": {
-        "num_recent_buckets": (32, "int"),  # the library default: with 2 buckets pb-lru lost 3-4.5 points of hit rate to lru (bench/results/policy.json)
+        "num_recent_buckets": (32, "int"),  # the library default (volume-aged: 0.02 points from lru on the paired replay, bench/results/pblru_gap.json)
         # How each GPU's KV budget splits between the TP local buffer, the GPU pool and the CPU pool's index keys
         # (sim/systems.py UlaCacheSystem, sim/COSTS.md "UlaCache sizing"). None = the default rule: the buffer holds
         # one step's remote working set at the largest concurrency served without splitting an access batch (capped
