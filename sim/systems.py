@@ -360,6 +360,14 @@ class UlaCacheSystem(System):
             per_rank = min(per_rank, buffer_peak_rows / self.n)
         return per_rank * self.n
 
+    @staticmethod
+    def with_spread(slots: float) -> float:
+        """A working set of `slots` entries as the fullest rank sees it: TP spreads a batch's homes over the ranks
+        (water-filled per token) and requests' unions vary, so a rank's share is a sum of many small chances:
+        mean + 4 standard deviations of a binomial count (~sqrt(mean)) leaves a split on some rank rare (< 1e-4 per
+        rank per step), where sizing at the mean split most steps (the fullest of m ranks exceeds its mean)."""
+        return slots + 4.0 * math.sqrt(max(slots, 0.0))
+
     def gpu_bytes_at(self, n: float, buffer_slots: float | None = None) -> float:
         """GPU bytes per rank that serve n average requests per space without splitting an access batch: index keys
         of their n h / m logical slots, a GPU pool of at least their home working set n u / m (and of what the CPU
@@ -367,8 +375,9 @@ class UlaCacheSystem(System):
         m = self.spaces()[1]
         ws, h = self.union_slots, self.mean_tokens
         logical = n * h / m
-        g = max(n * min(ws, h) / m, logical - self.host_slots)
-        b = (n * min(ws, h) * self.remote_share if self.tp else 0.0) if buffer_slots is None else buffer_slots
+        g = max(self.with_spread(n * min(ws, h) / m), logical - self.host_slots)
+        b = (self.with_spread(n * min(ws, h) * self.remote_share) if self.tp else 0.0) if buffer_slots is None \
+            else buffer_slots
         return (g + b) * self.kv_tok + max(g, logical) * self.ix_tok
 
     def no_split_concurrency(self, buffer_slots: float | None = None) -> float:
@@ -401,7 +410,7 @@ class UlaCacheSystem(System):
         n_t = max(1.0, min(n_fit, math.ceil(cfg.workload["max_concurrency"] / spaces)))
         default_buffer = b is None and self.tp
         if b is None:
-            b = n_t * ws * self.remote_share
+            b = self.with_spread(n_t * ws * self.remote_share)
         rest = bg - b * kv  # GPU pool (KV + keys) and the CPU pool's keys
         # logical slots the cap can use: its requests, each at most the workload's longest final history
         want = math.ceil(cfg.workload["max_concurrency"] / spaces) * self.max_tokens / m
@@ -409,7 +418,7 @@ class UlaCacheSystem(System):
             g = float(u["gpu_pool_slots"])
             c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))
         else:
-            floor = n_t * ws / m  # the pool holds at least one step's home working set before CPU slots get keys
+            floor = self.with_spread(n_t * ws / m)  # one step's home working set before CPU slots get keys
             g = max(floor, min(rest / (kv + ix), (rest - want * ix) / kv))  # GPU first, up to what the cap uses
             c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))
             g = (rest - c * ix) / (kv + ix)  # the GPU bytes the CPU pool's keys leave go to the GPU pool
