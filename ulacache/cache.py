@@ -93,13 +93,15 @@ class UlaCache:
             return a
         home = a // rows.stride
         local = a - home * rows.stride
-        ix = home * rows.cap + local
         if allow_padding:
             pad = a < 0
-            bad = (local >= rows.cap) & ~pad
+            home[pad] = 0
+            bad = (local >= rows.caps.take(home)) & ~pad
+            ix = local + rows.offs.take(home)
             ix[pad] = -1
         else:
-            bad = local >= rows.cap
+            bad = local >= rows.caps.take(home)
+            ix = local + rows.offs.take(home)
         if bad.any():
             raise ValueError(f"{what} holds unallocated address {int(a[np.flatnonzero(bad)[0]])}")
         return ix

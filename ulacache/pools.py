@@ -61,6 +61,10 @@ class IdStack:
     def __len__(self) -> int:
         return self._len + (self.hi - self.fresh)
 
+    def high_after(self, n: int) -> int:
+        """The highest id + 1 handed out once `n` more are popped (freed ids come first)."""
+        return self.fresh + max(0, n - self._len)
+
     def pop(self, n: int) -> np.ndarray:
         if n > len(self):
             raise AssertionError("IdStack.pop beyond capacity (callers check first)")
@@ -132,6 +136,74 @@ class RankRows:
         if o:
             out[:, :, :o] = arr.reshape(m, self.R, o)
         return out.reshape(m, self.R * n)
+
+
+class RaggedRows:
+    """Rank r's ids [r * stride, r * stride + limit) kept in row r of storage, at offs[r], caps[r] long: each row
+    grows x2 on its own (from `floor`), so storage is the sum of the rows in use, not ranks x the fullest (a DP rank
+    holding one request costs one row). Rows lie in rank order, ascending within: storage order is id order.
+    `grow` returns the old layout, which `relayout` takes to re-lay arrays laid out like the ids."""
+
+    def __init__(self, num_ranks: int, stride: int, limit: int, floor: int = GROW_FLOOR):
+        self.R, self.stride, self.limit, self.floor = num_ranks, stride, limit, floor
+        self.caps = np.zeros(num_ranks, dtype=np.int64)
+        self.offs = np.zeros(num_ranks + 1, dtype=np.int64)
+        self._shift = np.zeros(num_ranks, dtype=np.int64)  # offs[r] - r * stride
+        self._cuts = self.offs[1:-1]
+
+    @property
+    def size(self) -> int:
+        """Ids in storage, all rows."""
+        return int(self.offs[-1])
+
+    @property
+    def identity(self) -> bool:
+        return self.R == 1
+
+    def layout(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.caps.copy(), self.offs.copy()
+
+    def index(self, ids: np.ndarray) -> np.ndarray:
+        """Storage positions of ids (each below its row's cap)."""
+        if self.R == 1:
+            return ids
+        return ids + self._shift.take(ids // self.stride)
+
+    def ids(self, index: np.ndarray, layout: tuple | None = None) -> np.ndarray:
+        """Ids of ASCENDING storage positions (of `layout`, default the current one)."""
+        if self.R == 1:
+            return index
+        caps, offs = (self.caps, self.offs) if layout is None else layout
+        cut = np.searchsorted(index, offs[1:-1])
+        n = np.diff(np.concatenate([[0], cut, [index.size]]))
+        return index - np.repeat(offs[:-1] - np.arange(self.R, dtype=np.int64) * self.stride, n)
+
+    def grow(self, need: np.ndarray):
+        """Make caps[r] >= need[r] (<= limit), each row x2 at least; the old layout, or None when nothing changed."""
+        need = np.minimum(np.asarray(need, dtype=np.int64), self.limit)
+        over = need > self.caps
+        if not over.any():
+            return None
+        old = self.layout()
+        cap = np.maximum(np.maximum(self.floor, 2 * self.caps), need)
+        if self.limit % 64 == 0:
+            cap = -(-cap // 64) * 64
+        self.caps = np.where(over, np.minimum(cap, self.limit), self.caps)
+        self.offs = np.concatenate([[0], np.cumsum(self.caps)])
+        self._shift = self.offs[:-1] - np.arange(self.R, dtype=np.int64) * self.stride
+        return old
+
+    def relayout(self, arr: np.ndarray, old: tuple, fill) -> np.ndarray:
+        """`arr` (last axis laid out like the ids in layout `old`) re-laid to the current layout."""
+        ocaps, ooffs = (x.tolist() for x in old)
+        caps, offs = self.caps.tolist(), self.offs.tolist()
+        out = np.empty((*arr.shape[:-1], offs[-1]), dtype=arr.dtype)  # each element written once
+        for r in range(self.R):  # loop over ranks
+            o, n, c, oc = ooffs[r], offs[r], caps[r], ocaps[r]
+            if oc:
+                out[..., n:n + oc] = arr[..., o:o + oc]
+            out[..., n + oc:n + c] = fill
+        return out
 
 
 class Pool:
@@ -319,4 +391,4 @@ class CpuPools:
             self.free[r].push(places[ranks == r])
 
 
-__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "Pool", "merge_by_rank", "RankRows", "pack_summary", "pad64"]
+__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "Pool", "merge_by_rank", "RaggedRows", "RankRows", "pack_summary", "pad64"]

@@ -106,7 +106,9 @@ class ExclusivePolicy:
         g_counts = np.zeros(R, dtype=np.int64)
         # Tokens grouped by rank, ascending within a rank (one radix sort on narrow keys instead of a scan per rank).
         by_rank = np.argsort(tok_rank.astype(_small_int(R)), kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(tok_rank, minlength=R))]).tolist()
+        per_rank = np.bincount(tok_rank, minlength=R)
+        self.space.reserve(per_rank)  # one re-layout of the address tables for every rank that grows
+        bounds = np.concatenate([[0], np.cumsum(per_rank)]).tolist()
         for r in range(R):  # loop over ranks
             if bounds[r] == bounds[r + 1]:
                 continue

@@ -138,6 +138,7 @@ class HiSparsePolicy:
         tok_rank = np.repeat(ranks, counts)
         addrs = np.empty(n, dtype=np.int64)
         places = np.empty(n, dtype=np.int64)
+        space.reserve(need_cpu)  # one re-layout of the address tables for every rank that grows
         for r in range(R):  # loop over ranks
             idx = np.flatnonzero(tok_rank == r)
             addrs[idx] = space.pop_ids(r, idx.size)
