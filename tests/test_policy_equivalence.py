@@ -383,7 +383,7 @@ def test_program_matches_frozen_record(name):
     assert got == EXPECTED[name]
 
 
-@pytest.mark.parametrize("limit", [1 << 40, 0, 80_000])
+@pytest.mark.parametrize("limit", [1 << 40, 0, 40_000])
 def test_tp_hash_and_dense_buffer_maps_agree_with_record(monkeypatch, limit):
     """The TP local-buffer maps (dense table, hash tables, dense switched to hash as addresses grow) must not change
     any outcome."""
@@ -392,7 +392,7 @@ def test_tp_hash_and_dense_buffer_maps_agree_with_record(monkeypatch, limit):
 
 
 def test_dense_buffer_maps_switch_to_hash_as_addresses_grow(monkeypatch):
-    monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", 80_000)
+    monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", 40_000)
     c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=300, cpu_slots=1500, local_buffer_slots=1200))
     assert isinstance(c.buffers.maps, slot_map.DenseSlotMaps)
     c.alloc(0, 6000)

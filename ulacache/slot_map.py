@@ -1,8 +1,9 @@
 """Address -> slot maps for the TP local buffers: a dense table when it is small, else an open-addressing hash table.
 
-A dense int32 table over the addresses in use (it follows the address space's storage rows, grown as addresses are
-handed out) is the fastest lookup, but costs 4 bytes x addresses x ranks (8 ranks over 56M addresses: 1.8 GB). The
-hash table costs ~24 bytes per copy held instead (it starts small and doubles). Both hold at most
+A dense table over the addresses in use (it follows the address space's storage rows, grown as addresses are
+handed out) is the fastest lookup, but costs 2 bytes (uint16, buffers below 65,535 slots; else 4) x addresses x
+ranks (8 ranks over 56M addresses: 0.9 GB). It holds slot + 1 (0: no copy), so a fresh table is zero pages the
+kernel maps lazily. The hash table costs ~24 bytes per copy held instead (it starts small and doubles). Both hold at most
 `capacity` entries and answer vectorized batches (no Python loop over keys: the hash probes all pending keys of a
 batch together, one linear-probing step per iteration).
 """
@@ -23,25 +24,25 @@ class DenseSlotMaps:
 
     def __init__(self, num_ranks: int, space, capacity: int | None = None, dense_limit: int | None = None):
         self.R, self.space = num_ranks, space
-        self.table = np.full((num_ranks, space.table.size), -1, dtype=np.int32)
+        self.table = np.zeros((num_ranks, space.table.size), dtype=_dense_dtype(capacity))  # slot + 1, 0 = none
         # With the owner's limits (make_slot_maps), a growth past `_dense_ok` converts straight to hash maps from
         # the old layout (`fits` hands them over) instead of re-laying a table that is dropped right after.
         self._limits = (capacity, dense_limit)
         self.outgrown: HashSlotMaps | None = None
         space.listeners.append(self._grow)
 
-    def _grow(self, old: int) -> None:
+    def _grow(self, old: tuple) -> None:
         capacity, limit = self._limits
         if capacity is not None and not _dense_ok(self.R, self.space.table.size, capacity, limit):
             self.outgrown = self._hash_maps(capacity, old)
             return
-        self.table = self.space.rows.relayout_stacked(self.table, old, -1)
+        self.table = self.space.rows.relayout(self.table, old, 0)
 
-    def _hash_maps(self, capacity: int, cap: int | None = None) -> HashSlotMaps:
-        """The same maps as hash maps; `cap`: the row length the table is laid out with (default: the space's)."""
+    def _hash_maps(self, capacity: int, layout: tuple | None = None) -> HashSlotMaps:
+        """The same maps as hash maps; `layout`: the address layout the table has (default: the space's)."""
         out = HashSlotMaps(self.R, capacity)
         for r in range(self.R):  # loop over ranks
-            keys, vals = self.items(r, cap)
+            keys, vals = self.items(r, layout)
             out.maps[r].set(keys, vals)
         return out
 
@@ -52,40 +53,39 @@ class DenseSlotMaps:
 
     def get_all(self, addrs: np.ndarray) -> np.ndarray:
         """(R, len(addrs)) slots, -1 where a rank holds no copy."""
-        return self.table.take(self.space.index(addrs), axis=1)
+        out = self.table.take(self.space.index(addrs), axis=1).astype(np.int64)
+        out -= 1
+        return out
 
     def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
-        return self.table[r].take(self.space.index(addrs)).astype(np.int64)
+        return self.lookup(r, addrs, self.space.index(addrs))
 
     one_lookup_per_rank = False
 
     def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
         """get(r, addrs) given the addresses' storage positions `ix` too (no translation)."""
-        return self.table[r].take(ix).astype(np.int64)
+        out = self.table[r].take(ix).astype(np.int64)
+        out -= 1
+        return out
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
         """Insert absent keys (rank, address) -> slot."""
-        self.table[ranks, self.space.index(addrs)] = slots
+        self.table[ranks, self.space.index(addrs)] = slots + 1
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
-        self.table[ranks, self.space.index(addrs)] = -1
+        self.table[ranks, self.space.index(addrs)] = 0
 
     def set_rank(self, r: int, addrs: np.ndarray, slots: np.ndarray) -> None:
-        self.table[r][self.space.index(addrs)] = slots
+        self.table[r][self.space.index(addrs)] = slots + 1
 
     def delete_rank(self, r: int, addrs: np.ndarray) -> None:
-        self.table[r][self.space.index(addrs)] = -1
+        self.table[r][self.space.index(addrs)] = 0
 
-    def items(self, r: int, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rank r's (addresses ascending, slots); `cap`: the row length the table is laid out with, if not the
-        space's current one (a table not yet re-laid after a growth)."""
-        at = np.flatnonzero(self.table[r] >= 0)
-        rows = self.space.rows
-        if cap is None or cap == rows.cap:
-            ids = rows.ids(at)
-        else:
-            ids = at if rows.R == 1 or cap == rows.stride else at + (at // cap) * (rows.stride - cap)
-        return ids, self.table[r][at].astype(np.int64)
+    def items(self, r: int, layout: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rank r's (addresses ascending, slots); `layout`: the address layout the table has, if not the space's
+        current one (a table not yet re-laid after a growth)."""
+        at = np.flatnonzero(self.table[r])
+        return self.space.rows.ids(at, layout), self.table[r][at].astype(np.int64) - 1
 
 
 class HashSlotMap:
@@ -265,10 +265,15 @@ DENSE_FREE_BYTES = 1 << 20  # a dense table this small is always fine
 HASH_BYTES_PER_KEY = 48  # keys + values (int64) at the hash table's <= 1/2 load
 
 
+def _dense_dtype(capacity: int | None):
+    """uint16 holds slot + 1 for buffers below 65,535 slots."""
+    return np.uint16 if capacity is not None and capacity < 65535 else np.int32
+
+
 def _dense_ok(num_ranks: int, addresses: int, capacity: int, dense_limit: int) -> bool:
     """Dense while its bytes stay under dense_limit and within twice what full hash maps would take (or under
     DENSE_FREE_BYTES): speed where it costs little, memory by the copies held where addresses far outnumber them."""
-    dense = num_ranks * max(addresses, 1) * 4
+    dense = num_ranks * max(addresses, 1) * np.dtype(_dense_dtype(capacity)).itemsize
     return dense <= min(dense_limit, max(2 * HASH_BYTES_PER_KEY * num_ranks * capacity, DENSE_FREE_BYTES))
 
 
