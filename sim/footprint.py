@@ -94,6 +94,21 @@ def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
     return out
 
 
+def entries_held(cache_config, bound, k: int) -> int:
+    """History entries plus GPU copies one cache may hold at stride k: the run's state (`RunBound`, every space) and
+    the copies its configuration allows (TP local buffers of every rank; hisparse device buffers). A count of what
+    is simulated, independent of how the library lays it out, so that decisions taken on it (the pilot's request
+    stride) never change when the library's memory layout does."""
+    c = cache_config
+    if c.policy == "hisparse":
+        copies = c.num_ranks * c.gpu_slots
+    elif c.mode == "tp":
+        copies = c.num_ranks * c.effective_local_buffer_slots
+    else:
+        copies = 0
+    return int(bound.cache_entries(k)) + int(copies)
+
+
 def _room(cache) -> int:
     """Tokens the probe may allocate on rank 0 (TP spreads them over every rank's pools)."""
     c = cache.config

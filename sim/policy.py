@@ -11,8 +11,9 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   running requests are (k = round(1 / fraction)), so the simulated share stays ~1/k at every step; pools are scaled
   by the same fraction (+ two whole requests of slack in the logical CPU tier, none on the GPU).
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
-- The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_BYTES` (a cache's bytes probed as
-  the run builds it, sim/footprint.py), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
+- The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_ENTRIES` (history entries and GPU
+  copies the caches may hold, sim/footprint.entries_held: a count of what is simulated, not the library's bytes, so
+  a change of the library's memory layout never changes a result), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
   representatives' caches are rebuilt at stride k with the running requests re-admitted (their history placed as
   at admission, GPU-first). Memory then follows the simulated groups, not all groups.
 An access batch whose working set does not fit at once (CapacityError: the GPU pool, or under TP a rank's local
@@ -26,8 +27,7 @@ import math
 
 import numpy as np
 
-PILOT_MAX_BYTES = 1.0e9  # all pilot caches together (a memory bound, so that a small config runs in ~2 GB)
-PILOT_MAX_ENTRIES = 24_000_000  # the same bound in history entries when no cache can be probed
+PILOT_MAX_ENTRIES = 24_000_000  # all pilot caches together: history entries + GPU copies (keeps a small run small)
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer", "passes")
 
 
@@ -224,7 +224,7 @@ class PolicyRunner:
     @staticmethod
     def phases(cfg, bound, make_cache=None) -> list[tuple[int, int]]:
         """(caches held at once, request stride) of each phase: the pilot (all groups; with a `RunBound`, at the
-        smallest multiple of the stride whose caches fit PILOT_MAX_BYTES), then the simulated groups."""
+        smallest multiple of the stride whose caches fit PILOT_MAX_ENTRIES), then the simulated groups."""
         num_groups, want = cfg.model.num_index_groups, cfg.fidelity["policy_groups"]
         k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
         if want <= 0 or want >= num_groups:
@@ -234,16 +234,14 @@ class PolicyRunner:
         pilot_k = k
         if bound is None:
             return [(num_groups, pilot_k), (want, k)]
-        if make_cache is not None:  # each candidate stride's cache probed as the run would build it
-            from sim.footprint import GROWTH, probe_cache
+        config = getattr(make_cache, "config", None)
+        if config is not None:  # entries and copies each stride's caches hold (never the library's bytes)
+            from sim.footprint import entries_held
 
-            def cost(kk: int) -> float:
-                fixed, per_entry = probe_cache(make_cache, kk, bound.slots(kk))
-                return num_groups * (fixed + GROWTH * per_entry * bound.slots(kk))  # the fullest rank's entries
-
-            limit = PILOT_MAX_BYTES
+            cost = lambda kk: num_groups * entries_held(config(kk), bound, kk)  # noqa: E731
         else:
-            cost, limit = (lambda kk: num_groups * bound.cache_entries(kk)), PILOT_MAX_ENTRIES
+            cost = lambda kk: num_groups * bound.cache_entries(kk)  # noqa: E731
+        limit = PILOT_MAX_ENTRIES
         while cost(pilot_k) > limit and bound.requests(pilot_k) > 1:
             pilot_k += k
         return [(num_groups, pilot_k), (want, k)]

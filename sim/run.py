@@ -71,6 +71,7 @@ def cache_factory(cfg: SimConfig, system, requests):
         return UlaCache(system.cache_config(k, bound))
 
     make.bound = bound  # what the runner needs to keep its pilot's state bounded
+    make.config = lambda k: system.cache_config(k, bound)  # the cache's configuration, without building it
     return make
 
 

@@ -70,7 +70,7 @@ def test_pilot_over_the_entry_limit_runs_coarse_then_resamples(profile, monkeypa
 
     cfg = _config(profile, fidelity={"policy_groups": 2, "pilot_steps": 4, "request_fraction": 1.0})
     full = sim.replay(cfg)
-    monkeypatch.setattr(sim.policy, "PILOT_MAX_BYTES", 1)
+    monkeypatch.setattr(sim.policy, "PILOT_MAX_ENTRIES", 1)
     coarse = sim.replay(cfg)
     assert coarse["completed_requests"] == full["completed_requests"] == 8
     assert coarse["request_sample_stride"] == 1 and coarse["policy_groups_simulated"] == 2
