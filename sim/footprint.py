@@ -2,10 +2,11 @@
 
 What grows with a replay (each figure from what it will simulate, not from the hardware budgets):
 - library caches: one per simulated indexer group (all groups during a pilot), each holding at most the history the
-  run can hold at once (`RunBound`). A cache's cost is *probed*: one cache of the run's configuration is built and
-  given a sample of tokens under tracemalloc, giving its fixed bytes and its bytes per history entry, whatever the
-  library's layout is; x GROWTH for storage that grows by doubling. The pilot's caches are freed (and the heap
-  trimmed) before the main phase grows, so the peak is the larger phase;
+  run can hold at once (`RunBound`). A cache's cost is *probed*: a cache of the run's configuration is built and
+  given the phase's history under tracemalloc, placed both extreme ways: all in one space (DP: storage kept in rows
+  as long as the fullest rank's then costs every rank's row) and spread evenly over the spaces (storage per rank,
+  GPU pools filled everywhere); the larger counts, x GROWTH for storage that grows by doubling. The pilot's caches are freed (and the heap trimmed) before
+  the main phase grows, so the peak is the larger phase. The probe only estimates: no simulated choice reads it;
 - address tables (sim/policy.py): one row of the longest request per simulated running request, per group;
 - per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
   `SCRATCH_BYTES_PER_REF` each, twice (the selection source's arrays and the library's);
@@ -25,7 +26,7 @@ import numpy as np
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
 GROWTH = 1.5  # the library's storage grows by doubling: between 1x and 2x the entries it holds, 1.5x on average
-PROBE_TOKENS = 1 << 17  # tokens allocated in the probe cache (chunked pools grow in steps; large enough to see it)
+PROBE_TOKENS = 1 << 17  # tokens a probe allocates at most (beyond: extrapolated per entry)
 
 
 class MemoryLimitError(ValueError):
@@ -68,29 +69,46 @@ def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
     return min(options, key=lambda o: o[0])
 
 
-def probe_cache(make_cache, k: int, tokens: int) -> tuple[float, float]:
-    """(fixed bytes, bytes per history entry) of one library cache built as the run builds them (memoized on
-    `make_cache`: the runner's pilot and the estimate ask for the same probes)."""
+def _probe_fill(make_cache, k: int, n: int, spread: bool) -> tuple[float, float]:
+    """(bytes when built, bytes added by allocating n tokens): all on rank 0, or split evenly over the ranks."""
+    base = tracemalloc.get_traced_memory()[0]
+    cache = make_cache(0, k)
+    built = tracemalloc.get_traced_memory()[0]
+    ranks = cache.config.num_ranks if spread and cache.config.mode == "dp" else 1
+    counts = np.full(ranks, n // ranks, dtype=np.int64)
+    counts[: n % ranks] += 1
+    cache.alloc_many(list(range(ranks)), counts, np.arange(ranks))
+    filled = tracemalloc.get_traced_memory()[0]
+    del cache
+    return float(built - base), float(filled - built)
+
+
+def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, float]:
+    """(fixed bytes, bytes of the history) of one library cache built as the run builds them, holding `entries`
+    history entries with at most `fullest` in one space: the larger of the two extreme placements, all in one space
+    (storage kept in rows as long as the fullest rank's costs every rank's row) and spread evenly over the spaces.
+    Beyond PROBE_TOKENS the fill is extrapolated per entry. Memoized on `make_cache`."""
     memo = make_cache.__dict__.setdefault("probes", {}) if hasattr(make_cache, "__dict__") else {}
-    if (k, tokens) in memo:
-        return memo[(k, tokens)]
+    key = (k, entries, fullest)
+    if key in memo:
+        return memo[key]
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
         tracemalloc.start()
     try:
-        base = tracemalloc.get_traced_memory()[0]
         cache = make_cache(0, k)
-        built = tracemalloc.get_traced_memory()[0]
-        n = max(1, min(tokens, PROBE_TOKENS, _room(cache)))
-        # all on rank 0: the library keeps one storage row per rank sized by the fullest rank, so a DP rank's
-        # entries cost every rank's row (measured: batch-1 DP runs at 3x an evenly spread probe's estimate)
-        cache.alloc(request_id=0, num_tokens=n, rank=0)
-        filled = tracemalloc.get_traced_memory()[0]
+        room, ranks = _room(cache), cache.config.num_ranks
+        dp = cache.config.mode == "dp" and ranks > 1
         del cache
+        fills, fixed = [], 0.0
+        for want, spread in ((fullest, False), (entries, True)) if dp else ((max(entries, fullest), False),):
+            n = max(1, min(want, PROBE_TOKENS, room * (ranks if spread else 1)))
+            fixed, fill = _probe_fill(make_cache, k, n, spread)
+            fills.append(fill * max(want, 1) / n)
     finally:
         if not was_tracing:
             tracemalloc.stop()
-    memo[(k, tokens)] = out = (float(built - base), max(float(filled - built), 0.0) / n)
+    memo[key] = out = (fixed, max(fills))
     return out
 
 
@@ -133,15 +151,15 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         max_len = int(bound.totals[0])
         best = 0.0
         for n_caches, k in phases:
-            fixed, per_entry = probe_cache(make_cache, k, bound.slots(k))
-            caches = n_caches * (fixed + GROWTH * per_entry * bound.slots(k))  # the fullest rank's entries
+            fixed, fill = probe_cache(make_cache, k, bound.cache_entries(k), bound.slots(k))
+            caches = n_caches * (fixed + GROWTH * fill)
             rows = max(4, bound.cache_requests(k))
             tables = n_caches * rows * max_len * 4.0
             if caches + tables > best:
                 best = caches + tables
                 out["caches_bytes"], out["tables_bytes"] = caches, tables
                 out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.slots(k), k
-                out["probe_fixed_bytes"], out["probe_bytes_per_entry"] = fixed, per_entry
+                out["probe_fixed_bytes"], out["probe_history_bytes"] = fixed, fill
         refs = bound.cache_requests(phases[-1][1]) * q * top_k
         out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF
     out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))

@@ -76,3 +76,21 @@ def test_pilot_over_the_entry_limit_runs_coarse_then_resamples(profile, monkeypa
     assert coarse["request_sample_stride"] == 1 and coarse["policy_groups_simulated"] == 2
     assert coarse["decode_tokens"] == full["decode_tokens"]
     assert abs(coarse["gpu_hit_rate"] - full["gpu_hit_rate"]) < 0.1  # other representatives, same overflow
+
+
+def test_pilot_stride_never_reads_the_library_memory(profile, monkeypatch):
+    """The pilot's request stride is chosen on entries and copies, so no layout change can change a result."""
+    from sim.policy import PolicyRunner
+
+    cfg = _config(profile, fidelity={"policy_groups": 2, "pilot_steps": 4, "request_fraction": 1.0})
+    c = build(load_config(cfg))
+    requests, _ = load_workload(c)
+    system = make_system(c, budget_for(c), float((requests["input_tokens"] + requests["output_tokens"]).mean()))
+    make = cache_factory(c, system, requests)
+    before = PolicyRunner.phases(c, make.bound, make)
+
+    def boom(*a, **k):
+        raise AssertionError("phases probed the library's memory")
+
+    monkeypatch.setattr(footprint, "probe_cache", boom)
+    assert PolicyRunner.phases(c, make.bound, make) == before
