@@ -17,10 +17,10 @@ from .config import CacheConfig
 from .errors import require
 from .layout import DeviceState, Exchanges, PlaceLayout
 from .local_buffer import LocalBuffers
+from .payload import PayloadStore
 from .plan import Plan
 from .policies import POLICIES
 
-PAYLOAD_LIMIT_BYTES = 4 << 30  # payload mode (tests, validation) keeps real bytes for every place of the budget
 STAT_KEYS = ("accesses", "replays", "references", "unique_references", "hits", "misses", "exchanges",
              "local_hits", "peer_fetches", "h2d_rows", "d2h_rows", "peer_rows")
 
@@ -56,12 +56,8 @@ class UlaCache:
                                         base_place=num_places)
             num_places += self.buffers.num_places
         self._data = None
-        if cfg.payload_bytes:
-            need = num_places * cfg.payload_layers * cfg.payload_bytes
-            if need > PAYLOAD_LIMIT_BYTES:
-                raise ValueError(f"payload mode stores bytes for every slot of the budget ({need / 2**30:.1f} GiB > "
-                                 f"{PAYLOAD_LIMIT_BYTES / 2**30:.0f} GiB): use smaller pools or payload_bytes 0")
-            self._data = np.zeros((num_places, cfg.payload_layers, cfg.payload_bytes), dtype=np.uint8)
+        if cfg.payload_bytes:  # bytes only for the pages of places written (payload.py), not the budget
+            self._data = PayloadStore(num_places, cfg.payload_layers, cfg.payload_bytes)
         self._pending: Plan | None = None
         self._last: Plan | None = None
         self._version = 0
@@ -153,7 +149,7 @@ class UlaCache:
         addrs = self.policy.alloc_many(id_list, counts, ranks, self.tp)
         moves = self.policy.alloc_moves
         if moves is not None and self._data is not None and moves[0].size:
-            self._data[moves[1]] = self._data[moves[0]]
+            self._data.copy_all_layers(moves[0], moves[1])
         return addrs
 
     def free(self, request_id: int) -> None:
@@ -266,10 +262,11 @@ class UlaCache:
     def _move(self, plan: Plan, layer: int) -> None:
         if self._data is None or plan.move_src.size == 0:
             return
-        be, data = self.be, self._data[:, layer, :]
-        rows = be.to_numpy(be.gather_rows(be.asarray(data), be.asarray(plan.move_src)))  # all reads first
-        self._data[:, layer, :] = be.to_numpy(
-            be.scatter_rows(be.asarray(data), be.asarray(plan.move_dst), be.asarray(rows)))
+        be, store = self.be, self._data
+        src, dst = store.rows(plan.move_src), store.rows_to_write(plan.move_dst)  # (may grow the storage)
+        data = store.data[:, layer, :]
+        rows = be.to_numpy(be.gather_rows(be.asarray(data), be.asarray(src)))  # all reads first
+        store.data[:, layer, :] = be.to_numpy(be.scatter_rows(be.asarray(data), be.asarray(dst), be.asarray(rows)))
 
     def _count_transfers(self, plan: Plan) -> None:
         s, rb = self._stats, self._row_bytes
@@ -382,7 +379,7 @@ class UlaCache:
     def read(self, addrs, layer: int = 0) -> np.ndarray:
         """uint8 (len(addrs), payload_bytes): the bytes at each address's current (valid) place."""
         _, places = self._payload_places(addrs, "addrs")
-        return self._data[places, self._layer(layer)].copy()
+        return self._data.read(places, self._layer(layer)).copy()
 
     def write(self, addrs, payload, layer: int = 0) -> None:
         """Store bytes for addresses (and refresh every cached copy of them)."""
@@ -395,9 +392,9 @@ class UlaCache:
                              f"got {p.dtype} {p.shape}")
         if np.unique(a).size != a.size:
             raise ValueError("addrs holds an address twice")
-        self._data[places, layer] = p
+        self._data.write(places, layer, p)
         for idx, copies in self._copies(a):
-            self._data[copies, layer] = p[idx]
+            self._data.write(copies, layer, p[idx])
 
     def _copies(self, a: np.ndarray):
         """(index into a, places) of GPU copies that duplicate the authoritative entries."""
@@ -421,7 +418,7 @@ class UlaCache:
         if (remote & (bs < 0)).any():
             raise ValueError(f"address {int(a[remote & (bs < 0)][0])} has no copy in rank {r}'s local buffer")
         src = np.where(remote, self.buffers.base + r * self.buffers.seg + bs, places)
-        return self._data[src, self._layer(layer)].copy()
+        return self._data.read(src, self._layer(layer)).copy()
 
     # -- checks --------------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -434,7 +431,8 @@ class UlaCache:
             a = self.space.allocated()
             for idx, copies in self._copies(a):
                 for layer in sorted(self._last.layers_done if self._last else {0}):
-                    same = (self._data[copies, layer] == self._data[self.space.places(a[idx]), layer]).all()
+                    auth = self.space.places(a[idx]).astype(np.int64)
+                    same = (self._data.read(copies, layer) == self._data.read(auth, layer)).all()
                     require(same, "a cached copy differs from its entry")
 
 
