@@ -3,9 +3,10 @@
 What grows with a replay (each figure from what it will simulate, not from the hardware budgets):
 - library caches: one per simulated indexer group (all groups during a pilot), each holding at most the history the
   run can hold at once (`RunBound`). A cache's cost is *probed*: a cache of the run's configuration is built and
-  given the phase's history under tracemalloc, placed both extreme ways: all in one space (DP: storage kept in rows
-  as long as the fullest rank's then costs every rank's row) and spread evenly over the spaces (storage per rank,
-  GPU pools filled everywhere); the larger counts, x GROWTH for storage that grows by doubling. The pilot's caches are freed (and the heap trimmed) before
+  given tokens under tracemalloc for both extreme placements of the phase's history: all in one space (DP: storage
+  kept in rows as long as the fullest rank's then costs every rank's row) and spread evenly over the spaces (storage
+  kept per rank then costs every rank's); the larger counts (`probe_cache`), x GROWTH for storage that grows by
+  doubling. The pilot's caches are freed (and the heap trimmed) before
   the main phase grows, so the peak is the larger phase. The probe only estimates: no simulated choice reads it;
 - address tables (sim/policy.py): one row of the longest request per simulated running request, per group;
 - per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
@@ -69,15 +70,12 @@ def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
     return min(options, key=lambda o: o[0])
 
 
-def _probe_fill(make_cache, k: int, n: int, spread: bool) -> tuple[float, float]:
-    """(bytes when built, bytes added by allocating n tokens): all on rank 0, or split evenly over the ranks."""
+def _probe_fill(make_cache, k: int, counts: list[int]) -> tuple[float, float]:
+    """(bytes when built, bytes added by allocating counts[r] tokens on rank r)."""
     base = tracemalloc.get_traced_memory()[0]
     cache = make_cache(0, k)
     built = tracemalloc.get_traced_memory()[0]
-    ranks = cache.config.num_ranks if spread and cache.config.mode == "dp" else 1
-    counts = np.full(ranks, n // ranks, dtype=np.int64)
-    counts[: n % ranks] += 1
-    cache.alloc_many(list(range(ranks)), counts, np.arange(ranks))
+    cache.alloc_many(list(range(len(counts))), np.array(counts, dtype=np.int64), np.arange(len(counts)))
     filled = tracemalloc.get_traced_memory()[0]
     del cache
     return float(built - base), float(filled - built)
@@ -85,9 +83,11 @@ def _probe_fill(make_cache, k: int, n: int, spread: bool) -> tuple[float, float]
 
 def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, float]:
     """(fixed bytes, bytes of the history) of one library cache built as the run builds them, holding `entries`
-    history entries with at most `fullest` in one space: the larger of the two extreme placements, all in one space
-    (storage kept in rows as long as the fullest rank's costs every rank's row) and spread evenly over the spaces.
-    Beyond PROBE_TOKENS the fill is extrapolated per entry. Memoized on `make_cache`."""
+    history entries with at most `fullest` in one space: the larger of the two extreme placements. All in one
+    space: `fullest` tokens on rank 0. Spread (DP): f = entries / R on every rank, from a probe of f tokens on one
+    rank (b1) and on two (b2): b1 + (R - 1) (b2 - b1), since storage kept in rows as long as the fullest rank's
+    costs the same for both and storage kept per rank grows by one rank's. Probes allocate at most PROBE_TOKENS
+    per rank and are scaled per entry beyond. Memoized on `make_cache`."""
     memo = make_cache.__dict__.setdefault("probes", {}) if hasattr(make_cache, "__dict__") else {}
     key = (k, entries, fullest)
     if key in memo:
@@ -100,11 +100,15 @@ def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, 
         room, ranks = _room(cache), cache.config.num_ranks
         dp = cache.config.mode == "dp" and ranks > 1
         del cache
-        fills, fixed = [], 0.0
-        for want, spread in ((fullest, False), (entries, True)) if dp else ((max(entries, fullest), False),):
-            n = max(1, min(want, PROBE_TOKENS, room * (ranks if spread else 1)))
-            fixed, fill = _probe_fill(make_cache, k, n, spread)
-            fills.append(fill * max(want, 1) / n)
+        n = max(1, min(fullest, PROBE_TOKENS, room))
+        fixed, one = _probe_fill(make_cache, k, [n])
+        fills = [one * max(fullest, 1) / n]
+        if dp:
+            f = min(-(-entries // ranks), fullest)
+            n = max(1, min(f, PROBE_TOKENS, room))
+            _, b1 = _probe_fill(make_cache, k, [n])
+            _, b2 = _probe_fill(make_cache, k, [n, n])
+            fills.append((b1 + (ranks - 1) * max(b2 - b1, 0.0)) * max(f, 1) / n)
     finally:
         if not was_tracing:
             tracemalloc.stop()
