@@ -1,45 +1,52 @@
-"""Exact LRU order of a pool's slots without a pass over the pool: the slots touched at each step, per stamp.
+"""Exact LRU order of a pool's slots without a pass over the pool: per rank, a queue of the touches in (stamp, slot)
+order.
 
-Every stamp write is logged under its stamp (stamps never decrease, so the log's keys are in order). A selection
-walks the stamps from the oldest; a stamp's entries are consolidated once (live ones kept: stamp unchanged and
-still occupied; sorted, so grouped by rank and ascending slot) and then read from a per-rank front. Entries passed
-over are taken, protected (this batch's hits) or stale -- the first two are re-stamped when the plan commits -- so
-the fronts only move forward and each logged entry is examined O(1) times. The result equals `lru_select` over all
-occupied, unprotected slots: per rank the smallest (stamp, slot). The log is rebuilt from the pool when stale
-entries outnumber twice the occupied slots (amortized O(1) per touch).
+Every stamp write is logged (stamps never decrease between selections). Before a selection, a rank's new touches
+are sorted by (stamp, slot) once and appended to its queue as a segment (merged with the queue's tail if a stamp
+repeats). A selection reads each rank's queue from its front in chunks: an entry is live while the slot still
+carries that stamp and is occupied; the first counts[r] live entries not protected by the batch are the victims.
+Entries passed over are taken, protected (this batch's hits) or stale -- the first two are re-stamped when the plan
+commits -- so the fronts only move forward and each logged entry is examined O(1) times: a selection costs the
+victims, the entries gone stale before them and a sort of the touches since the last one, not a pass over the
+pool. The result equals `lru_select` over all occupied, unprotected slots: per rank the smallest (stamp, slot).
+A queue is rebuilt from the pool when its entries outnumber twice the rank's occupied slots (amortized O(1)).
 
-The log pays a sort of what it consolidates and a Python step per (stamp, rank) it walks, the scan a pass over
-the pool. Measured in the simulator (TP 8, small batches, one stamp per step): walking many thin stamps cost more
-than the scan, so the default mode is "scan" (the log is off, `touch` logs nothing) until the walk is batched.
-Mode "auto" runs the log after 4 selections in a row that take < 1/16 of the occupied slots (rebuilt then) and
-drops it at one that takes > 1/4; "log" forces it (tests check it equals the scan).
+Modes: "log" (the default: the order is kept from the pool's creation), "scan" (nothing logged; the backend scans
+the pool), "auto" (the log runs after 4 selections in a row that take < 1/16 of the occupied slots, rebuilt then,
+and is dropped at one that takes > 1/4). Tests check every mode against the scan.
 """
 from __future__ import annotations
 
 import numpy as np
 
 REBUILD_FLOOR = 65536  # logged entries allowed beyond twice the occupied slots before a rebuild
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
-class _Stamp:
-    """One stamp's entries: raw appended arrays, and once consolidated, sorted per-rank segments with fronts."""
+class _Queue:
+    """One rank's log: pending touches (raw) and sorted segments [idx, stamp] read from `front`."""
 
-    __slots__ = ("raw", "segs", "front")
+    __slots__ = ("raw", "raw_stamps", "segs", "front", "size")
 
     def __init__(self) -> None:
         self.raw: list[np.ndarray] = []
-        self.segs: list[np.ndarray] | None = None
-        self.front: list[int] = []
+        self.raw_stamps: list[int] = []
+        self.segs: list[list[np.ndarray]] = []
+        self.front = 0  # into segs[0]
+        self.size = 0  # entries held (raw + unread)
 
 
 class LruLog:
-    def __init__(self, pool, mode: str = "scan"):
+    def __init__(self, pool, mode: str = "log"):
         self.pool, self.mode = pool, mode
         self.active = mode == "log"
         self.small_runs = 0
-        self.stamps: dict[int, _Stamp] = {}
-        self.size = 0
+        self.queues = [_Queue() for _ in range(pool.R)]
         self.scratch = np.zeros(0, dtype=bool)  # protected marks over storage
+
+    @property
+    def size(self) -> int:
+        return sum(q.size for q in self.queues)
 
     def use_log(self, counts: np.ndarray) -> bool:
         """Whether this selection reads the log (switching modes as the docstring says)."""
@@ -47,7 +54,8 @@ class LruLog:
             return self.mode == "log"
         total, occupied = int(counts.sum()), int(self.pool.in_use.sum())
         if self.active and total * 4 > occupied:
-            self.active, self.stamps, self.size = False, {}, 0
+            self.active = False
+            self.queues = [_Queue() for _ in range(self.pool.R)]
         elif not self.active:
             self.small_runs = self.small_runs + 1 if total * 16 < occupied else 0
             if self.small_runs >= 4:
@@ -58,103 +66,136 @@ class LruLog:
     def touch(self, idx: np.ndarray, stamp: int) -> None:
         if idx.size == 0 or not self.active:
             return
-        self.stamps.setdefault(int(stamp), _Stamp()).raw.append(np.array(idx, dtype=np.int64))
-        self.size += idx.size
-        if self.size > 2 * int(self.pool.in_use.sum()) + REBUILD_FLOOR:
-            self.rebuild()
+        idx = np.array(idx, dtype=np.int64)
+        if self.pool.R == 1:
+            parts = [(0, idx)]
+        else:
+            rank = idx // max(self.pool.cap, 1)
+            if rank.size > 1 and (rank[1:] < rank[:-1]).any():
+                order = np.argsort(rank, kind="stable")
+                idx, rank = idx[order], rank[order]
+            n = np.bincount(rank, minlength=self.pool.R)
+            ends = np.cumsum(n).tolist()
+            parts = [(r, idx[e - c:e]) for r, (e, c) in enumerate(zip(ends, n.tolist())) if c]
+        stamp = int(stamp)
+        for r, part in parts:  # loop over ranks
+            q = self.queues[r]
+            q.raw.append(part)
+            q.raw_stamps.append(stamp)
+            q.size += part.size
 
     def rebuild(self) -> None:
-        """The log of the pool as it is: occupied slots grouped by stamp."""
+        """The log of the pool as it is: each rank's occupied slots in (stamp, slot) order."""
         pool = self.pool
+        self.queues = [_Queue() for _ in range(pool.R)]
         occ = np.flatnonzero(pool.own >= 0)
+        if occ.size == 0:
+            return
         st = pool.stamp[occ]
-        order = np.argsort(st, kind="stable")
+        order = np.lexsort((occ, st, occ // max(pool.cap, 1)))
         occ, st = occ[order], st[order]
-        cut = np.flatnonzero(np.diff(st)) + 1
-        self.stamps = {}
-        for s, part in zip(st[np.concatenate([[0], cut])].tolist() if occ.size else [], np.split(occ, cut)):
-            self.stamps.setdefault(int(s), _Stamp()).raw.append(part)
-        self.size = int(occ.size)
+        n = np.bincount(occ // max(pool.cap, 1), minlength=pool.R)
+        ends = np.cumsum(n).tolist()
+        for r, (e, c) in enumerate(zip(ends, n.tolist())):  # loop over ranks
+            if c:
+                q = self.queues[r]
+                q.segs, q.size = [[occ[e - c:e], st[e - c:e]]], c
 
     def remap(self, fn) -> None:
         """Storage positions changed (pool growth): map every logged position (monotone within a rank)."""
-        for e in self.stamps.values():
-            e.raw = [fn(a) for a in e.raw]
-            if e.segs is not None:
-                e.segs = [fn(a) for a in e.segs]
+        for q in self.queues:
+            q.raw = [fn(a) for a in q.raw]
+            for seg in q.segs:
+                seg[0] = fn(seg[0])
 
-    def _consolidate(self, s: int, e: _Stamp) -> None:
-        pool = self.pool
-        parts = list(e.raw)
-        held = sum(p.size for p in parts)
-        if e.segs is not None:
-            parts += [seg[f:] for seg, f in zip(e.segs, e.front)]
-            held += sum(seg.size for seg in e.segs)
-        a = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        a = a[(pool.stamp[a] == s) & (pool.own[a] >= 0)]
-        a.sort()
-        if a.size > 1:
-            a = a[np.concatenate([[True], a[1:] != a[:-1]])]
-        cap = max(pool.cap, 1)
-        b = np.searchsorted(a, np.arange(pool.R + 1, dtype=np.int64) * cap).tolist()
-        e.segs = [a[b[r]:b[r + 1]] for r in range(pool.R)]
-        e.front = [0] * pool.R
-        self.size += a.size - held
-        e.raw = []
+    def _consolidate(self, q: _Queue) -> None:
+        """Sort the rank's new touches by (stamp, slot) into its queue (merged with the tail where stamps meet)."""
+        if not q.raw:
+            return
+        a = np.concatenate(q.raw) if len(q.raw) > 1 else q.raw[0]
+        s = np.repeat(np.array(q.raw_stamps, dtype=np.int64), [p.size for p in q.raw])
+        q.raw, q.raw_stamps = [], []
+        low = int(s.min())
+        back = []
+        while q.segs and int(q.segs[-1][1][-1]) >= low:  # a stamp repeats: re-sort the tail with the new touches
+            idx, st = q.segs.pop()
+            f = q.front if not q.segs else 0
+            if not q.segs:
+                q.front = 0
+            back.append((idx[f:], st[f:]))
+        if back:
+            a = np.concatenate([a, *(b[0] for b in back)])
+            s = np.concatenate([s, *(b[1] for b in back)])
+        order = np.lexsort((a, s))
+        a, s = a[order], s[order]
+        if a.size > 1:  # a slot touched twice at one stamp: keep one entry
+            keep = np.concatenate([[True], (a[1:] != a[:-1]) | (s[1:] != s[:-1])])
+            q.size -= a.size - int(keep.sum())
+            a, s = a[keep], s[keep]
+        q.segs.append([a, s])
 
     def select(self, counts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per rank the counts[r] occupied, unprotected slots with the smallest (stamp, slot), grouped by rank in
         that order (storage positions); and found per rank."""
-        from .pools import merge_by_rank
-
         pool = self.pool
         n_store = pool.own.size
         if self.scratch.size != n_store:
             self.scratch = np.zeros(n_store, dtype=bool)
         mark = self.scratch
         mark[protected] = True
-        remaining = np.array(counts, dtype=np.int64)
-        parts, founds = [], []
+        found = np.zeros(pool.R, dtype=np.int64)
+        parts = []
         try:
-            for s in list(self.stamps):  # oldest stamp first
-                if not remaining.any():
-                    break
-                e = self.stamps[s]
-                if e.raw or e.segs is None:
-                    self._consolidate(s, e)
-                found = np.zeros(pool.R, dtype=np.int64)
-                taken = []
-                for r in np.flatnonzero(remaining).tolist():  # loop over ranks
-                    got, e.front[r] = self._take(s, e.segs[r], e.front[r], int(remaining[r]), mark)
-                    taken.append(got)
-                    found[r] = got.size
-                if all(f >= seg.size for seg, f in zip(e.segs, e.front)):
-                    self.size -= sum(seg.size for seg in e.segs)
-                    del self.stamps[s]
-                if found.any():
-                    parts.append(np.concatenate(taken))
-                    founds.append(found)
-                    remaining -= found
+            for r in np.flatnonzero(counts).tolist():  # loop over ranks with victims to find
+                q = self.queues[r]
+                self._consolidate(q)
+                got = self._take(q, int(counts[r]), mark)
+                found[r] = got.size
+                parts.append(got)
+                if q.size > 2 * int(pool.in_use[r]) + REBUILD_FLOOR:
+                    self._rebuild_rank(r)
         finally:
             mark[protected] = False
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(pool.R, dtype=np.int64)
-        return merge_by_rank(parts, founds), np.sum(founds, axis=0)
+        return (np.concatenate(parts) if parts else _EMPTY), found
 
-    def _take(self, s: int, seg: np.ndarray, front: int, need: int, mark: np.ndarray) -> tuple[np.ndarray, int]:
-        """Up to `need` live, unprotected entries of one rank's segment from `front`; the new front."""
+    def _rebuild_rank(self, r: int) -> None:
+        pool, q = self.pool, self.queues[r]
+        cap = max(pool.cap, 1)
+        self._consolidate(q)
+        live = [seg[0][(q.front if i == 0 else 0):] for i, seg in enumerate(q.segs)]
+        a = np.concatenate(live) if live else _EMPTY
+        s = pool.stamp[a]
+        ok = (pool.own[a] >= 0) & (a // cap == r)
+        if q.segs:
+            st = np.concatenate([seg[1][(q.front if i == 0 else 0):] for i, seg in enumerate(q.segs)])
+            ok &= s == st
+        a, s = a[ok], s[ok]
+        q.segs, q.front, q.size = ([[a, s]] if a.size else []), 0, int(a.size)
+
+    def _take(self, q: _Queue, need: int, mark: np.ndarray) -> np.ndarray:
+        """Up to `need` live, unprotected entries from the rank's queue front; the front moves past them."""
         pool, out = self.pool, []
-        while need > 0 and front < seg.size:
-            chunk = seg[front:front + max(2 * need, 256)]
-            ok = (pool.stamp[chunk] == s) & (pool.own[chunk] >= 0) & ~mark[chunk]
+        while need > 0 and q.segs:
+            idx, st = q.segs[0]
+            f = q.front
+            end = min(idx.size, f + max(2 * need, 256))
+            chunk = idx[f:end]
+            ok = (pool.stamp[chunk] == st[f:end]) & (pool.own[chunk] >= 0) & ~mark[chunk]
             pos = np.flatnonzero(ok)
             if pos.size >= need:
                 out.append(chunk.take(pos[:need]))
-                return np.concatenate(out), front + int(pos[need - 1]) + 1
-            out.append(chunk.take(pos))
-            need -= pos.size
-            front += chunk.size
-        return (np.concatenate(out) if out else np.zeros(0, dtype=np.int64)), front
+                adv = int(pos[need - 1]) + 1
+                need = 0
+            else:
+                out.append(chunk.take(pos))
+                need -= pos.size
+                adv = chunk.size
+            q.front += adv
+            q.size -= adv
+            if q.front >= idx.size:
+                q.segs.pop(0)
+                q.front = 0
+        return np.concatenate(out) if len(out) > 1 else (out[0] if out else _EMPTY)
 
 
 __all__ = ["LruLog"]

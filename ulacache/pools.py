@@ -229,7 +229,7 @@ class Pool:
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
         self.in_use = np.zeros(num_ranks, dtype=np.int64)
         self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
-        self.log = LruLog(self) if exact_lru else None  # exact LRU order kept per stamp (lru_log.py)
+        self.log = LruLog(self) if exact_lru else None  # exact LRU order kept per rank (lru_log.py)
 
     @property
     def cap(self) -> int:
