@@ -38,7 +38,7 @@ class AddressSpace:
     its own), so a space of billions of addresses costs nothing until it is used. `index(addrs)` gives the storage
     position of addresses; storage order is address order. Listeners get the old layout to re-lay their tables."""
 
-    def __init__(self, num_ranks: int, slots_per_rank: int, num_places: int):
+    def __init__(self, num_ranks: int, slots_per_rank: int, num_places: int, track_requests: bool = False):
         self.num_ranks = num_ranks
         self.slots_per_rank = slots_per_rank
         self.size = num_ranks * slots_per_rank
@@ -46,7 +46,8 @@ class AddressSpace:
         self.place_dtype = np.int32 if num_places < 2**31 - 1 else np.int64
         self.rows = RaggedRows(num_ranks, slots_per_rank, slots_per_rank)
         self.table = np.zeros(0, dtype=self.place_dtype)  # place of each address in storage, -1 unallocated
-        self.req_of = np.zeros(0, dtype=np.int32)
+        # address -> request index, only for a policy that reads it (hisparse): 4 bytes per address otherwise unused
+        self.req_of = np.zeros(0, dtype=np.int32) if track_requests else None
         self.scratch = np.zeros(1, dtype=bool)  # dedup marker over storage (+1: where -1 padding lands)
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]
         self.requests: dict[int, Request] = {}
@@ -71,7 +72,8 @@ class AddressSpace:
         if old is None:
             return
         self.table = self.rows.relayout(self.table, old, -1)
-        self.req_of = self.rows.relayout(self.req_of, old, -1)
+        if self.req_of is not None:
+            self.req_of = self.rows.relayout(self.req_of, old, -1)
         self.scratch = np.zeros(self.rows.size + 1, dtype=bool)
         for grow in self.listeners:
             grow(old)
@@ -118,7 +120,8 @@ class AddressSpace:
             self.requests[request_id] = req
         req.chunks.append(addrs)
         req.num_tokens += addrs.size
-        self.req_of[self.index(addrs)] = req.index
+        if self.req_of is not None:
+            self.req_of[self.index(addrs)] = req.index
         self.num_allocated += addrs.size
 
     def release(self, request_id: int) -> np.ndarray:
@@ -127,7 +130,8 @@ class AddressSpace:
         addrs = req.addresses()
         ix = self.index(addrs)
         self.table[ix] = -1
-        self.req_of[ix] = -1
+        if self.req_of is not None:
+            self.req_of[ix] = -1
         homes = self.home(addrs)
         for r in np.unique(homes).tolist():  # loop over ranks
             self.ids[r].push(addrs[homes == r])

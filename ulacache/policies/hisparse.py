@@ -52,7 +52,7 @@ class HiSparsePolicy:
         self.num_gpu_places = R * self.seg
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.num_gpu_places)
         self.num_places = self.num_gpu_places + self.cpu.num_places
-        self.space = AddressSpace(R, cfg.cpu_slots, self.num_places)
+        self.space = AddressSpace(R, cfg.cpu_slots, self.num_places, track_requests=True)
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
         self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> LRU storage row
         self.grows = RankRows(R, self.seg, self.seg)  # GPU place -> gowner storage position
