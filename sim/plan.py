@@ -143,9 +143,12 @@ def _evaluation(c: int, metrics: dict | None, slo_metric: str, error: str = "") 
 def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, systems: list[str],
              attention: str, out_dir, gpu_kv_gb: float | None = None, cpu_kv_gb: float | None = None,
              slo_metric: str = "tpot_ms_p50", config=None, sets=(), max_concurrency: int | None = None,
-             rel_tol: float = 0.0, requests_per_cap: int = 0, workers: int = 1, progress: bool = False) -> dict:
+             rel_tol: float = 0.0, requests_per_cap: int = 0, workers: int = 1, progress: bool = False,
+             buffer_fractions=()) -> dict:
     """Search each system (in parallel processes when workers > 1); writes OUT/plan.json and OUT/plan.png;
-    returns the plan dict."""
+    returns the plan dict. `buffer_fractions`: UlaCache under TP is also searched with each of these shares of the
+    GPU KV budget for its local buffer (`ulacache.local_buffer_fraction`), as entries `ulacache@buffer=F` beside
+    the default split; `split_choice` names the best."""
     from sim.sweep import _override, parse_sets, sim_resolve
 
     out_dir = Path(out_dir)
@@ -161,9 +164,17 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
     plan = {"model": model, "hardware": hardware, "num_gpus": num_gpus, "attention": attention,
             "gpu_kv_gb": gpu_kv_gb, "cpu_kv_gb": cpu_kv_gb, "slo_tpot_ms": slo_tpot_ms, "slo_metric": slo_metric,
             "config": str(config_path), "set": list(sets), "requests_per_cap": requests_per_cap, "systems": {}}
+    fractions = [float(f) for f in buffer_fractions]
+    if fractions and attention != "tp":
+        raise ValueError("--buffer-fractions: UlaCache has a local buffer only under TP attention (--attention tp)")
+    if fractions and "ulacache" not in systems:
+        raise ValueError("--buffer-fractions searches UlaCache's split: add ulacache to --systems")
+    variants = [(s, [f"system={s}"]) for s in systems]
+    variants += [(f"ulacache@buffer={f:g}", ["system=ulacache", f"ulacache.local_buffer_fraction={f!r}"])
+                 for f in fractions]
     jobs = []
-    for system in systems:
-        overrides = base + [f"system={system}"]
+    for system, chosen in variants:
+        overrides = base + chosen
         resolved = sim_resolve(config_path, overrides)  # bad keys/values fail here, before any replay
         wl = resolved["workload"]  # num_requests None: each cap draws 2 x cap requests (config.default_num_requests)
         limit = max_concurrency or (0 if requests_per_cap else int(wl["num_requests"] or wl["max_concurrency"]))
@@ -181,6 +192,9 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
         entries = [_search_system(job) for job in jobs]
     for job, entry in zip(jobs, entries):
         plan["systems"][job["system"]] = entry
+    if fractions:
+        plan["buffer_fractions"] = fractions
+        plan["split_choice"] = _best_split(plan["systems"])
     _add_speedups(plan)
     _write_json(out_dir / "plan.json", plan)
     plot_plan(plan, out_dir / "plan.png")
@@ -200,7 +214,8 @@ def _search_system(job: dict) -> dict:
         if job["requests_per_cap"]:
             extra.append(f"workload.num_requests={job['requests_per_cap'] * c}")
         cfg = sim_resolve(job["config_path"], job["overrides"] + extra)
-        outcome = run_point(sim_replay, cfg, str(out_dir / "runs" / system / f"c{c}"))
+        run_dir = out_dir / "runs" / system.replace("@buffer=", "-buffer") / f"c{c}"
+        outcome = run_point(sim_replay, cfg, str(run_dir))
         e = _evaluation(c, outcome["metrics"] if outcome["status"] == "ok" else None, slo_metric,
                         outcome.get("error", ""))
         say(f"plan {system}: cap {c} -> {e.throughput_tok_s:,.0f} tok/s, {slo_metric} {e.tpot_ms:.2f} ms, "
@@ -214,6 +229,12 @@ def _search_system(job: dict) -> dict:
             "search_limit": job["limit"], "num_replays": len(result.evaluations),
             "search_wall_s": time.perf_counter() - start,
             "evaluations": [dataclasses.asdict(e) for e in result.evaluations]}
+
+
+def _best_split(entries: dict) -> str | None:
+    """The UlaCache entry (default split or `ulacache@buffer=F`) with the highest feasible peak."""
+    found = {n: e["best"] for n, e in entries.items() if n.split("@")[0] == "ulacache" and e["best"]}
+    return max(found, key=lambda n: found[n]["throughput_tok_s"]) if found else None
 
 
 def _add_speedups(plan: dict) -> None:

@@ -47,9 +47,13 @@ def register(subparsers) -> None:
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                     help="extra config override for every replay; value read as YAML (8, true, 2.5e9, [0.5, 0.5], null for none), the same for replay, sweep and plan")
     pl.add_argument("--max-concurrency", type=int, default=None,
-                    help="upper end of the search (default: workload.num_requests)")
+                    help="upper end of the search (default: workload.num_requests, else workload.max_concurrency)")
     pl.add_argument("--requests-per-cap", type=int, default=0,
-                    help="replay N x cap requests at each cap (0 = the config's workload.num_requests)")
+                    help="replay N x cap requests at each cap (0 = the config's workload.num_requests; when it has "
+                         "none, 2 x cap)")
+    pl.add_argument("--buffer-fractions", default="", metavar="F1,F2,...",
+                    help="TP: also search UlaCache with these shares of the GPU KV budget for its local buffer "
+                         "(ulacache.local_buffer_fraction), beside its default split")
     pl.add_argument("--rel-tol", type=float, default=0.0,
                     help="stop the SLO-edge search when the bracket is within this fraction (0 = exact)")
     pl.add_argument("--workers", type=int, default=None,
@@ -57,6 +61,20 @@ def register(subparsers) -> None:
     pl.add_argument("--out", type=Path, required=True, help="output dir for plan.json, plan.png and the replays")
     pl.add_argument("--force", action="store_true", help="replace an earlier plan in --out")
     pl.set_defaults(func=_plan)
+
+
+def _fractions(text: str) -> list[float]:
+    """`--buffer-fractions 0.05,0.1` -> [0.05, 0.1]; each in [0, 1)."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"--buffer-fractions: {item!r} is not a number") from None
+        if not 0 <= value < 1:
+            raise ValueError(f"--buffer-fractions: {value} must be in [0, 1)")
+        out.append(value)
+    return out
 
 
 def _positive(name: str, value) -> None:
@@ -120,7 +138,7 @@ def _plan(args: argparse.Namespace) -> int:
                           slo_metric=args.slo_metric, systems=systems, attention=args.attention, config=args.config,
                           sets=args.sets, max_concurrency=args.max_concurrency, rel_tol=args.rel_tol,
                           requests_per_cap=args.requests_per_cap, out_dir=stage.path, workers=workers,
-                          progress=True)
+                          progress=True, buffer_fractions=_fractions(args.buffer_fractions))
         stage.publish()
     result["plot"] = str(args.out / "plan.png")
     print_plan(result)

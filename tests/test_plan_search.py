@@ -106,3 +106,26 @@ def test_search_limit_without_num_requests(tmp_path, monkeypatch):
     plan.run_plan(out_dir=tmp_path / "a", config=base, **kw)
     plan.run_plan(out_dir=tmp_path / "b", config=base, sets=["workload.num_requests=12"], **kw)
     assert seen == [48, 12]
+
+
+def test_buffer_fractions_search_ulacache_splits(tmp_path, monkeypatch):
+    """--buffer-fractions adds one UlaCache search per local-buffer share (TP only) and names the best split."""
+    import pytest
+
+    import sim.plan as plan
+
+    def fake(job):
+        frac = next((float(o.split("=")[1]) for o in job["overrides"] if "local_buffer_fraction" in o), None)
+        thr = {None: 100.0, 0.1: 150.0, 0.3: 120.0}[frac]
+        best = {"concurrency": 8, "throughput_tok_s": thr, "tpot_ms": 10.0, "admitted": 8, "ok": True, "error": ""}
+        return {"best": best, "slo_edge": 8, "ceiling": None, "reason": "test", "search_limit": job["limit"],
+                "num_replays": 1, "search_wall_s": 0.0, "evaluations": [best]}
+
+    monkeypatch.setattr(plan, "_search_system", fake)
+    monkeypatch.setattr(plan, "plot_plan", lambda p, path: None)
+    kw = dict(model="glm-5", hardware="h200", num_gpus=8, slo_tpot_ms=50.0, systems=["ulacache"])
+    out = plan.run_plan(out_dir=tmp_path / "a", attention="tp", buffer_fractions=[0.1, 0.3], **kw)
+    assert list(out["systems"]) == ["ulacache", "ulacache@buffer=0.1", "ulacache@buffer=0.3"]
+    assert out["split_choice"] == "ulacache@buffer=0.1"
+    with pytest.raises(ValueError, match="only under TP"):
+        plan.run_plan(out_dir=tmp_path / "b", attention="dp", buffer_fractions=[0.1], **kw)
