@@ -33,3 +33,25 @@ def test_sections_read_by_attribute_and_item_alike_and_stay_frozen():
     with pytest.raises(KeyError):
         cfg.workload["bogus"]
     assert dict(cfg.memory) == cfg.raw["memory"] and cfg.memory.get("host_kv_fraction") == 0.75
+
+
+def test_num_requests_defaults_to_two_per_slot_of_the_cap():
+    """Without workload.num_requests a run draws 2 x max_concurrency requests (one refill per slot: a steady window),
+    and the fidelity auto-stride follows the resolved count."""
+    from sim.config import MAX_REQUESTS, default_num_requests
+
+    cfg = build(resolve({"workload": {"max_concurrency": 24}}))
+    assert cfg.workload.num_requests == 48 and cfg.raw["workload"]["num_requests"] is None
+    assert cfg.fidelity.request_fraction == 1 / 3  # k = 48 // 16
+    assert build(resolve({"workload": {"max_concurrency": 24, "num_requests": 7}})).workload.num_requests == 7
+    assert default_num_requests(MAX_REQUESTS) == MAX_REQUESTS  # clamped to the request limit
+
+
+def test_ulacache_split_keys():
+    cfg = build(resolve({"ulacache": {"local_buffer_fraction": 0.25}}))
+    assert cfg.ulacache.local_buffer_fraction == 0.25
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="local_buffer_fraction must be in"):
+            resolve({"ulacache": {"local_buffer_fraction": bad}})
+    with pytest.raises(ValueError, match="unknown config key 'ulacache.ws_reserve_slots'"):
+        resolve({"ulacache": {"ws_reserve_slots": 2048}})  # no per-request working-set reserve any more

@@ -37,3 +37,12 @@ def test_without_refills_the_whole_run_is_reported(profile):
     m = sim.replay(_config(profile, num_requests=4, cap=8))
     assert m["steady_window_steps"] == 0 and m["tpot_source"] == "whole run"
     assert m["decode_throughput_tok_s"] == m["run_throughput_tok_s"]
+
+
+def test_default_request_count_gives_a_steady_window(profile):
+    """A config without workload.num_requests draws 2 x cap requests: the cap is held by refills for a window."""
+    cfg = _config(profile, system="ulacache")
+    del cfg["workload"]["num_requests"]
+    m = sim.replay(cfg)
+    assert m["num_requests"] == 8 and m["completed_requests"] == 8
+    assert m["steady_window_steps"] > 0 and m["tpot_source"] == "steady window"

@@ -78,3 +78,93 @@ def test_hisparse_index_keys_cover_its_logical_pool(cpu_gb):
     assert cap.logical_tokens_per_space <= cpu_gb * 1e9 / s.kv_tok * (1 + 1e-9)
     used = cap.gpu_pool_slots * s.kv_tok + cap.static_index_slots_per_rank * s.ix_tok
     assert used == pytest.approx(s.budget.gpu_kv_bytes_per_gpu, rel=1e-4)
+
+
+@pytest.mark.parametrize("hw", ["h200", "b300"])
+@pytest.mark.parametrize("attention", ["dp", "tp"])
+@pytest.mark.parametrize("draft", [0, 4])
+def test_ulacache_admits_on_unique_slots_and_fits_both_budgets(hw, attention, draft):
+    """No per-request reserve: admission is bounded by m (G + C) alone; the split fits the GPU and CPU budgets."""
+    s, cfg = _system(system="ulacache", attention=attention, hardware__preset=hw, spec__draft_tokens=draft,
+                     model__preset="glm-5")
+    cap, kv, ix = s.capacity, s.kv_tok, s.ix_tok
+    assert cap.reserve_slots_per_request == 0 and s.reserve_slots(100_000.0) == 0
+    assert cap.reserve_capacity_per_space == float("inf") == cap.buffer_reserve_capacity_per_space
+    assert cap.logical_tokens_per_space == pytest.approx(cap.ranks_per_space * (cap.gpu_pool_slots
+                                                                                 + cap.cpu_pool_slots), abs=16)
+    used = (cap.gpu_pool_slots + cap.local_buffer_slots) * kv + (cap.gpu_pool_slots + cap.cpu_pool_slots) * ix
+    assert used <= s.budget.gpu_kv_bytes_per_gpu * 1.000001
+    assert cap.cpu_pool_slots * kv <= s.budget.cpu_kv_bytes_per_gpu * 1.000001
+    assert (cap.local_buffer_slots > 0) == (attention == "tp")
+
+
+def test_default_buffer_and_pool_hold_the_no_split_working_set():
+    """TP default rule: at n* = min(no-split concurrency, cap) requests the buffer holds the remote working set and
+    the pool at least the home one (each with its spread margin); the CPU pool takes what the GPU leaves."""
+    cfg = build(resolve({}, ["attention=tp", "model.preset=glm-5", "spec.draft_tokens=4"]))
+    s = make_system(cfg, budget_for(cfg), MEAN_TOKENS, union_slots_per_request=3300.0)
+    cap, m = s.capacity, cfg.num_gpus
+    n = cap.notes["target_requests_per_space"]
+    assert n == pytest.approx(min(s.no_split_concurrency(), 256))
+    assert cap.local_buffer_slots == int(s.with_spread(n * 3300.0 * (m - 1) / m))
+    assert cap.gpu_pool_slots >= int(s.with_spread(n * 3300.0 / m))
+    assert s.gpu_bytes_at(n) <= s.budget.gpu_kv_bytes_per_gpu * 1.000001
+    bound = make_system(cfg, budget_for(cfg), MEAN_TOKENS)  # unmeasured: the q x top_k bound, a larger buffer
+    assert bound.union_slots == 4 * cfg.model.top_k
+    assert bound.capacity.local_buffer_slots > cap.local_buffer_slots
+
+
+def test_local_buffer_fraction_trades_buffer_for_admission():
+    """An explicit share of the GPU KV budget for the buffer: a smaller one leaves room for more logical slots."""
+    caps = {}
+    for frac in (0.05, 0.3):
+        s, cfg = _system(system="ulacache", attention="tp", model__preset="glm-5", spec__draft_tokens=4,
+                         ulacache__local_buffer_fraction=frac, workload__max_concurrency=1024)
+        caps[frac] = s.capacity
+        assert s.capacity.local_buffer_slots == int(frac * s.budget.gpu_kv_bytes_per_gpu / s.kv_tok)
+    assert caps[0.05].logical_tokens_per_space > caps[0.3].logical_tokens_per_space
+
+
+def test_union_measured_on_the_workload_selections():
+    import numpy as np
+
+    import traces
+    from sim.systems import measure_union_slots
+    from traces.errors import TraceError
+
+    prof = traces.load_profile("multi-lexsum")
+    requests = traces.generate_requests(prof, 8, 11)
+    spec = {**prof.selections, "num_groups": 78, "top_k": 2048}
+    source = traces.SyntheticSelections(traces.SelectionSpec.from_dict(spec, "test"), seed=11)
+    one = build(resolve({}, ["model.preset=glm-5"]))
+    four = build(resolve({}, ["model.preset=glm-5", "spec.draft_tokens=4"]))
+    assert measure_union_slots(source, requests, one) == 2048.0
+    u = measure_union_slots(source, requests, four)
+    assert 2048 < u < 4 * 2048  # verify tokens share part of their selections
+
+    class Missing:
+        def select(self, *args):
+            raise TraceError("no captured selections")
+
+    assert measure_union_slots(Missing(), requests, four) is None
+    assert np.isfinite(u)
+
+
+def test_overflowing_batches_run_in_costed_passes(profile, monkeypatch):
+    """A GPU pool smaller than a step's working set: the policy serves the batch in sub-batches and each pass is
+    timed (the same run with every pass folded into one is faster; the policy's outcomes are the same)."""
+    import sim
+    import sim.policy
+
+    cfg = {"system": "ulacache", "attention": "dp", "model": {"preset": "glm-5", "weight_bytes": 100e9},
+           "hardware": {"preset": "h200", "num_gpus": 2}, "ulacache": {"gpu_pool_slots": 2500},
+           "workload": {"profile": profile, "num_requests": 5, "max_concurrency": 5, "seed": 3},
+           "memory": {"gpu_kv_bytes_per_gpu": 0.6e9, "cpu_kv_bytes_per_gpu": 20e9},
+           "fidelity": {"policy_groups": 2, "pilot_steps": 0, "request_fraction": 1.0}}
+    split = sim.replay(cfg)
+    assert split["policy_batch_splits"] > 0
+    ratios = sim.policy.PolicyRunner._ratios
+    monkeypatch.setattr(sim.policy.PolicyRunner, "_ratios", lambda self, t, r: {**ratios(self, t, r), "passes": 1.0})
+    folded = sim.replay(cfg)
+    assert folded["gpu_hit_rate"] == split["gpu_hit_rate"] and folded["decode_steps"] == split["decode_steps"]
+    assert split["decode_time_s"] > folded["decode_time_s"]
