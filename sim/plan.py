@@ -34,6 +34,7 @@ class Evaluation:
     admitted: int  # the most requests that ran at once
     ok: bool = True  # the replay ran
     error: str = ""
+    steady_window_steps: int = -1  # steps of the replay's steady window (0: whole-run figures; -1: not reported)
 
     def feasible(self, slo_ms: float) -> bool:
         return self.ok and math.isfinite(self.tpot_ms) and self.tpot_ms <= slo_ms
@@ -137,7 +138,17 @@ def _evaluation(c: int, metrics: dict | None, slo_metric: str, error: str = "") 
                           int(metrics.get("max_admitted_concurrency") or 0), ok=False,
                           error=f"{slo_metric} missing (no request completed; run requests to completion)")
     return Evaluation(c, float(metrics.get("decode_throughput_tok_s") or 0.0), float(tpot),
-                      int(metrics.get("max_admitted_concurrency") or 0))
+                      int(metrics.get("max_admitted_concurrency") or 0),
+                      steady_window_steps=int(metrics.get("steady_window_steps", -1)))
+
+
+def unsteady_caps(entry: dict, min_steps: int = 32) -> list[int]:
+    """Caps whose replay had no steady window or one of fewer than `min_steps` steps: their throughput is the whole
+    run's (warm-up and drain in) or a handful of steps, not comparable with the others' steady figures. Nothing
+    waits when a cap's requests all fit at once (`--requests-per-cap 1` below the admission ceiling), and only
+    cap - admitted requests wait above it."""
+    return [e["concurrency"] for e in entry["evaluations"]
+            if e["ok"] and 0 <= e.get("steady_window_steps", -1) < min_steps]
 
 
 def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, systems: list[str],
@@ -294,6 +305,12 @@ def print_plan(plan: dict) -> None:
         console = Console(width=150)
     console.print(table)
     plot = Path(plan.get("plot", "plan.png"))
+    for name, entry in plan["systems"].items():
+        caps = unsteady_caps(entry)
+        if caps:
+            console.print(f"note: {name}: caps {caps} had a steady window under 32 steps (whole-run or few-step "
+                          f"figures, not comparable); more requests per cap (--requests-per-cap 2, or a config "
+                          f"without workload.num_requests) give every cap one", markup=False, highlight=False)
     console.print(f"plan: {plot.with_name('plan.json')}, {plot}", markup=False, highlight=False)
 
 

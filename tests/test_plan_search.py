@@ -129,3 +129,16 @@ def test_buffer_fractions_search_ulacache_splits(tmp_path, monkeypatch):
     assert out["split_choice"] == "ulacache@buffer=0.1"
     with pytest.raises(ValueError, match="only under TP"):
         plan.run_plan(out_dir=tmp_path / "b", attention="dp", buffer_fractions=[0.1], **kw)
+
+
+def test_caps_without_a_steady_window_are_named():
+    """The demo's 541 -> 740 tok/s jump between caps 22 and 23 at the same admission (20): at requests-per-cap 1
+    cap 22 had no steady window (whole-run figure) and cap 23 one of 2 steps; plan names such caps."""
+    from sim.plan import _evaluation, unsteady_caps
+
+    evals = [_evaluation(c, {"decode_throughput_tok_s": t, "tpot_ms_p50": 20.0, "max_admitted_concurrency": 20,
+                             "steady_window_steps": w}, "tpot_ms_p50")
+             for c, t, w in ((16, 495.0, 0), (22, 541.0, 0), (23, 736.0, 2), (32, 756.0, 61))]
+    entry = {"evaluations": [e.__dict__ for e in evals]}
+    assert unsteady_caps(entry) == [16, 22, 23]
+    assert evals[0].steady_window_steps == 0 and _evaluation(1, {"tpot_ms_p50": 1.0}, "tpot_ms_p50").ok
