@@ -380,7 +380,7 @@ class Engine:
         st.collective_bytes += costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu
         st.max_concurrency = max(st.max_concurrency, b.n_total)
         st.concurrency_sum += b.n_total
-        self._footprint(b.run)
+        self._footprint(self.prefill.holding(b.run))  # + requests whose prompt is being prefilled
         finished = int((self.generated[b.run] >= self.out[b.run]).sum())
         if st.first_finish_step is None and finished:
             st.first_finish_step = st.steps - 1

@@ -2,8 +2,8 @@
 
 `workload.prefill` picks the mode from `PREFILL_MODES`; the engine calls the same hooks in both:
 `admit(i, space)` when request i is admitted, `decoding(running)` for the requests that decode this step,
-`step(batch, sim_ranks)` for the epilogue parts a decode step carries, `idle()` for a step of prompts alone, and
-`metrics()`.
+`step(batch, sim_ranks)` for the epilogue parts a decode step carries, `idle()` for a step of prompts alone,
+`holding(decoding)` for the requests the footprint counts, and `metrics()`.
 - `untimed` (default): the prompt's KV arrives with the request (a PD-disaggregated decode node); it decodes at once.
 - `chunked`: prefill co-located with decode as SGLang's mixed chunked prefill runs it: each step carries up to
   `prefill_chunk_tokens` prompt tokens (per DP rank: that over the ranks, as SGLang divides it) of the admitted
@@ -50,6 +50,10 @@ class Untimed:
 
     def step(self, batch, sim_ranks: list[int]) -> dict:
         return {}
+
+    def holding(self, decoding: np.ndarray) -> np.ndarray:
+        """Requests holding history KV now (the footprint's): the decode batch, + prompts being prefilled."""
+        return decoding
 
     def idle(self) -> float:  # pragma: no cover - decoding() is every running request
         raise RuntimeError("untimed prefill has no prompt-only steps")
@@ -116,6 +120,12 @@ class Chunked(Untimed):
                 self.ttft_s[i] = self.env.now - self.arrival[i]
             self.pending = [i for i in self.pending if not self.ready[i]]
         return [i for i in running if self.ready[i]]
+
+    def holding(self, decoding: np.ndarray) -> np.ndarray:
+        """The decode batch and the admitted requests whose prompt is not done: their whole prompt, as the library
+        allocated it at admission."""
+        waiting = [i for q in self.queues for i in q] + self.pending
+        return np.concatenate([decoding, np.asarray(waiting, dtype=decoding.dtype)]) if waiting else decoding
 
     def step(self, batch, sim_ranks: list[int]) -> dict:
         """Plan this step's prompt pieces beside the decode batch; their host writes start with the step."""

@@ -151,3 +151,11 @@ def test_sweep_over_modes_and_its_report(tmp_path, profile):
     assert by.loc["untimed", "prefill_s"] == 0.0
     index = build_report(tmp_path / "s", tmp_path / "rep")
     assert "throughput_vs_concurrency.png" in index.read_text()
+
+
+def test_footprint_counts_prompts_being_prefilled(fixed):
+    """Chunked: a request whose prompt is being prefilled holds its slots; the peak footprint sees them. In 1,024-token
+    pieces the prompts finish one after another (each decodes its 16 tokens before the next prompt is done)."""
+    m = run(fixed(9000), "sglang", "tp", ROOMY, prefill="chunked", prefill_chunk_tokens=1024)
+    assert m["max_admitted_concurrency"] < m["cap_peak_concurrency"]  # decoding + admitted, being prefilled
+    assert m["unique_history_positions"] >= m["cap_peak_concurrency"] * 9000
