@@ -108,6 +108,7 @@ class Engine:
         self.state = RunState()
         self._saturated = False
         self.prefill = make_prefill(cfg, costs, system, self)  # untimed | chunked (sim/prefill.py)
+        self._keys = None  # (group map bytes, per-group (representative, layers)) cache of _group_keys
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -212,7 +213,8 @@ class Engine:
         tracing = self.recorder is not None and self.recorder.enabled
         ratios = self._policy_ratios(b)
         rows, sim_ranks = self._link_rows(b, ratios, tracing)
-        work = [self._rank_work(b, r, ratios, rows) for r in sim_ranks]
+        shared = self._shared_work(b)
+        work = [self._rank_work(b, r, ratios, rows, shared) for r in sim_ranks]
         epilogue = self._epilogue(b, sim_ranks)
         t_start = self.env.now
         step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing)
@@ -263,35 +265,57 @@ class Engine:
             sim_ranks = sorted({int(np.argmax(arr)) for h, d, p in rows.values() for arr in (h, d, p)})
         return rows, sim_ranks
 
-    def _rank_work(self, b: Batch, r: int, ratios, rows: dict) -> list[GroupWork]:
+    def _rank_work(self, b: Batch, r: int, ratios, rows: dict, shared: dict) -> list[GroupWork]:
         """Rank r's work for every indexer group (one item per pass); groups sharing a simulated representative share
-        their work."""
-        common = self._compute(b, r)
+        their work, and groups of one (representative, layers) share the very objects (the timer dedups by identity
+        first)."""
+        common = self._compute(b, r, shared)
         by_rep: dict[int, list] = {}
+        made: dict[tuple[int, int], list[GroupWork]] = {}
         out = []
-        for g in range(self.cfg.model.num_index_groups):
-            rep = int(self.runner.group_of[g]) if ratios else -1
-            passes = by_rep.get(rep)
-            if passes is None:
-                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
-            out.extend(GroupWork(layers=int(self.group_layers[g]), **c, **links) for c, links in passes)
+        for rep, layers in self._group_keys(ratios):
+            works = made.get((rep, layers))
+            if works is None:
+                passes = by_rep.get(rep)
+                if passes is None:
+                    passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
+                works = made[(rep, layers)] = [GroupWork(layers=layers, **c, **links) for c, links in passes]
+            out.extend(works)
         return out
 
-    def _compute(self, b: Batch, r: int) -> dict:
-        """Rank r's compute for one indexer group of batch b (per layer where GroupWork says so)."""
+    def _group_keys(self, ratios) -> list[tuple[int, int]]:
+        """(simulated representative or -1, layers) of every indexer group; rebuilt only when the groups change."""
+        group_of = self.runner.group_of if ratios else None
+        key = None if group_of is None else group_of.tobytes()
+        if self._keys is None or self._keys[0] != key:
+            reps = [-1] * len(self.group_layers) if group_of is None else [int(x) for x in group_of]
+            self._keys = (key, list(zip(reps, (int(x) for x in self.group_layers))))
+        return self._keys[1]
+
+    def _shared_work(self, b: Batch) -> dict:
+        """The parts of batch b's group work that do not depend on the rank (computed once per step)."""
         cfg, sysm, costs, m = self.cfg, self.system, self.costs, self.cfg.model
-        n_gpu, tp, q = cfg.num_gpus, sysm.tp, self.q
-        tokens = b.tokens_total
+        n_gpu, tp, tokens = cfg.num_gpus, sysm.tp, b.tokens_total
         allgather_b = sysm.indexer_allgather_bytes(tokens)
-        keys = sysm.indexer_keys(b.hist_rank.tolist(), float(b.hist.sum()))[r]
-        heads = m.num_heads / n_gpu if tp else m.num_heads
+        return dict(
+            keys=sysm.indexer_keys(b.hist_rank.tolist(), float(b.hist.sum())),
+            heads=m.num_heads / n_gpu if tp else m.num_heads,
+            allgather_s=costs.distributed_topk_s(allgather_b, tokens, n_gpu) if allgather_b else 0.0,
+            ffn_s=costs.ffn_s(tokens, n_gpu, attn_replicated=not tp),
+            collective_s=costs.layer_collectives_s(tokens / n_gpu, n_gpu, tp))
+
+    def _compute(self, b: Batch, r: int, shared: dict | None = None) -> dict:
+        """Rank r's compute for one indexer group of batch b (per layer where GroupWork says so); `shared` is
+        `_shared_work(b)` when the caller has it."""
+        costs, sysm, q = self.costs, self.system, self.q
+        shared = shared if shared is not None else self._shared_work(b)
+        keys = shared["keys"][r]
         qtok = b.n_rank[r] * q
         return dict(
-            indexer_s=(costs.indexer_s(keys, keys * q) if keys else 0.0) if b.n_rank[r] or tp else 0.0,
-            allgather_s=costs.distributed_topk_s(allgather_b, tokens, n_gpu) if allgather_b else 0.0,
-            attention_s=costs.attention_s(qtok, b.ref_rank[r], heads) if qtok else 0.0,
-            ffn_s=costs.ffn_s(tokens, n_gpu, attn_replicated=not tp),
-            collective_s=costs.layer_collectives_s(tokens / n_gpu, n_gpu, tp),
+            indexer_s=(costs.indexer_s(keys, keys * q) if keys else 0.0) if b.n_rank[r] or sysm.tp else 0.0,
+            allgather_s=shared["allgather_s"],
+            attention_s=costs.attention_s(qtok, b.ref_rank[r], shared["heads"]) if qtok else 0.0,
+            ffn_s=shared["ffn_s"], collective_s=shared["collective_s"],
             prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
 
     def _passes(self, b: Batch, r: int, rt: dict | None, rows, common: dict) -> list[tuple[dict, dict]]:

@@ -74,6 +74,9 @@ class Link:
         self._join(entry)
         return done
 
+    def busy(self) -> bool:
+        return bool(self._active)
+
     def _advance(self):
         now = self.env.now
         n = len(self._active)
@@ -149,6 +152,8 @@ def maxmin_rates(routes: list[dict], caps: dict) -> list[float]:
     n = len(routes)
     rates = [0.0] * n
     active = set(range(n))
+    crossed = set().union(*routes) if routes else set()
+    caps = {res: cap for res, cap in caps.items() if res in crossed}  # the others never load nor fill
     used = dict.fromkeys(caps, 0.0)
     while active:
         step, tight = None, None
@@ -253,6 +258,10 @@ class Fabric:
         self._last = 0.0
         self._version = 0
         self._next_id = 0
+        self._rates: dict[tuple, tuple] = {}  # (route ids, caps) -> (routes, max-min rates): a pure function of both
+
+    def busy(self) -> bool:
+        return bool(self._active)
 
     def start(self, owner, num_bytes: float, route: dict, label: str):
         done = self.env.event()
@@ -279,7 +288,12 @@ class Fabric:
         if not self._active:
             return
         keys = list(self._active)
-        rates = maxmin_rates([self._active[k][5] for k in keys], self.caps)
+        routes = [self._active[k][5] for k in keys]
+        memo = (tuple(map(id, routes)), tuple(self.caps.values()))
+        hit = self._rates.get(memo)
+        if hit is None:  # the entry keeps its route dicts alive, so their ids cannot be reused by others
+            hit = self._rates[memo] = (routes, maxmin_rates(routes, self.caps))
+        rates = hit[1]
         for k, r in zip(keys, rates):
             self._active[k][6] = r
         at = min(max(0.0, self._active[k][0]) / r for k, r in zip(keys, rates))
@@ -339,6 +353,12 @@ class Node:
                     for r in range(num_gpus)]
         self.nvlink = [Link(env, f"gpu{r} nvlink in", v["nvlink_bw_bytes_s"], v["nvlink_latency_s"], recorder)
                        for r in range(num_gpus)]
+
+    def idle(self) -> bool:
+        """No transfer in flight on any link (pending wake-ups, if any, are stale and change nothing)."""
+        if self.fabric is not None:
+            return not self.fabric.busy()
+        return not any(link.busy() for links in (self.h2d, self.d2h, self.nvlink) for link in links)
 
     def _routes(self, costs, recorder):
         """The node model. The simulator may run only some ranks in detail (the others are copies of them), so the

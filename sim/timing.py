@@ -59,8 +59,15 @@ class StepTimer:
         order: list[int] = []
         count: dict[tuple, int] = {}
         first: dict[tuple, int] = {}
+        by_id: dict[tuple, tuple] = {}  # the same objects are equal: compare by value once per distinct object set
         for g in range(num_groups):
-            key = tuple(work[i][g] for i in range(len(ranks))) if dedup else (g,)
+            if dedup:
+                ids = tuple(id(w[g]) for w in work)
+                key = by_id.get(ids)
+                if key is None:
+                    key = by_id[ids] = tuple(w[g] for w in work)
+            else:
+                key = (g,)
             if key not in count:
                 count[key], first[key] = 0, g
                 order.append(g)
@@ -69,13 +76,20 @@ class StepTimer:
         self.node.simulate(ranks)  # each simulated rank stands for num_gpus / len(ranks) GPUs on shared host caps
         totals = dict.fromkeys(PARTS, 0.0)
         elapsed = 0.0
+        tracing = self.recorder is not None and self.recorder.enabled
         for g in order:
-            barrier = Barrier(env, len(ranks))
             parts = np.zeros((len(ranks), len(PARTS)))
             t0 = env.now
-            procs = [env.process(self._rank(i, r, g, work[i][g], barrier, parts)) for i, r in enumerate(ranks)]
-            env.run(until=simpy.AllOf(env, procs))
-            crit = ranks.index(max(barrier.arrivals)[1])  # the group's time is its last-arriving rank's
+            ws = [w[g] for w in work]
+            last, sim_idx, computed = (None, range(len(ranks)), []) if tracing else self._quiet(ws, ranks, parts)
+            if last is None:
+                barrier = Barrier(env, len(sim_idx))
+                procs = [env.process(self._rank(i, ranks[i], g, ws[i], barrier, parts)) for i in sim_idx]
+                env.run(until=simpy.AllOf(env, procs))
+                last = max(barrier.arrivals + computed)
+            elif last[0] > t0:
+                env.run(until=last[0])
+            crit = ranks.index(last[1])  # the group's time is its last-arriving rank's
             for k, name in enumerate(PARTS):
                 totals[name] += parts[crit, k] * mult[g]
             elapsed += (env.now - t0) * mult[g]
@@ -93,6 +107,46 @@ class StepTimer:
         if skipped > 1e-15:
             env.run(until=env.now + skipped)
         return elapsed + tail, totals
+
+    @staticmethod
+    def _quiet_arrival(w: GroupWork, t0: float, row: np.ndarray) -> float | None:
+        """When rank work `w` moves no bytes, its barrier arrival as `_rank` steps the clock from t0 (the same float
+        operations: it is only timeouts), with its parts written to `row`; None when it has transfers."""
+        if w.h2d_bytes > 0 or w.peer_bytes > 0 or w.peer_after_h2d_bytes > 0 or w.d2h_bytes > 0:
+            return None
+        n = w.layers
+        mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n
+        pre = w.indexer_s + w.allgather_s + mgmt
+        now = t0 + pre if pre > 0 else t0
+        layer_c = w.attention_s + w.ffn_s + w.collective_s
+        stall, t2 = now - now + 0.0, now + 0.0
+        now = now + (0.0 + n * layer_c)
+        extra = max(0.0, (now - t2) - n * layer_c)
+        row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
+        row[3] = stall + extra
+        row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+        return now
+
+    def _quiet(self, ws: list[GroupWork], ranks: list[int], parts: np.ndarray):
+        """Which ranks of a group need simpy. Ranks without transfers are only timeouts and interact with nothing
+        but the barrier: their arrivals are computed (`_quiet_arrival`), and only the last of them is simulated
+        (it may be the group's last arrival, and simpy must reach that moment exactly). Returns (the group's last
+        arrival, ranks to simulate, computed arrivals): last is None when simulation is needed; with no transfers
+        anywhere on an idle node nothing is, if simpy's clock can land on the last arrival exactly."""
+        t0 = self.env.now
+        quiet, busy = [], []
+        for i, (w, r) in enumerate(zip(ws, ranks)):
+            at = self._quiet_arrival(w, t0, parts[i])
+            if at is None:
+                busy.append(i)
+            else:
+                quiet.append((at, r, i))
+        if not quiet:
+            return None, busy, []
+        slowest = max(quiet)
+        if not busy and self.node.idle() and (slowest[0] == t0 or t0 + (slowest[0] - t0) == slowest[0]):
+            return slowest[:2], [], []
+        return None, sorted(busy + [slowest[2]]), [(at, r) for at, r, i in quiet if i != slowest[2]]
 
     def _chain(self, r: int, after, nbytes: float, label: str):
         """A peer fetch that starts when `after` (the promotions into the home pools) completes: a CPU-resident
