@@ -11,7 +11,8 @@ Sections (each replay runs alone, one at a time, under an address-space limit; p
 Each figure is written next to the one it replaces (`replaces`, from the issue / bench/results/sim.json).
 
 Usage: python bench/scale_bench.py [--only pinned,batch1,paper,paper-full] [--out bench/results/scale.json]
-Writes JSON (date, command, machine, load before/after each replay); sections not run keep their earlier results.
+Writes JSON (date, command, machine, load before/after each replay); sections not run keep their earlier results, and
+a run that is repeated keeps its previous figures under `before`.
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def run_one(config, overrides: list[str], as_limit_gb: float, timeout_s: float) 
             parts = line.split()
             rss, cpu = int(parts[1]) * 1024, float(parts[3]) + float(parts[4])
     err = "\n".join(x for x in lines if not x.startswith("PEAKRSS_KB ") and not x.startswith("Command "))
-    row = {"status": status, "wall_s": round(wall, 2), "cpu_s": cpu, "peak_rss_gb": round(rss / 1e9, 3) if rss else None,
+    row = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "status": status, "wall_s": round(wall, 2), "cpu_s": cpu, "peak_rss_gb": round(rss / 1e9, 3) if rss else None,
            "load_avg_before": load, "load_avg_after": os.getloadavg(),
            "metrics": {k: metrics.get(k) for k in KEEP} if metrics else None}
     if status != "ok":
@@ -139,6 +141,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {"bench": "scale", "sections": {}}
+    prev_date = result.get("date")
     result.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -157,6 +160,11 @@ def main() -> int:
         if not rows:
             continue
         prev = result["sections"].get(section, {}).get("runs", {})
+        for label, row in rows.items():  # the figure this run replaces: the same run's last recorded one
+            old = prev.get(label)
+            if old:
+                row["before"] = {k: old.get(k) for k in ("status", "wall_s", "cpu_s", "peak_rss_gb", "load_avg_before")}
+                row["before"].update({"date": old["date"]} if old.get("date") else {"file_date": prev_date})
         result["sections"][section] = {
             "target": {"wall_s": TARGETS[section][0], "peak_rss_gb": TARGETS[section][1]},
             "replaces": REPLACED[section], "runs": {**prev, **rows},
