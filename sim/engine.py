@@ -378,15 +378,16 @@ class Engine:
         st, m, costs, sysm = self.state, self.cfg.model, self.costs, self.system
         n_gpu, tp, layer_w = self.cfg.num_gpus, sysm.tp, self.group_layers
         refs_all = b.refs_req.sum()
-        link_rows = np.zeros(3)  # h2d, d2h, peer over all ranks and layers
+        link_rows = [0.0, 0.0, 0.0]  # h2d, d2h, peer over all ranks and layers
         if ratios:
-            hit_u = np.zeros(2)
+            hits = unique = 0.0
             copies = n_gpu if sysm.symmetric_ranks else 1
-            for g in range(m.num_index_groups):
-                rep = int(self.runner.group_of[g])
-                link_rows += [(x[0] if copies > 1 else x.sum()) * layer_w[g] * copies for x in rows[rep]]
-                hit_u += (ratios[rep]["hits"] * refs_all * layer_w[g], ratios[rep]["unique"] * refs_all * layer_w[g])
-            hits, unique = hit_u
+            per_rep = {rep: ([(x[0] if copies > 1 else x.sum()) for x in rows[rep]],
+                             ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all) for rep in rows}
+            for rep, w in zip(self.runner.group_of.tolist(), layer_w):  # scalar sums in group order (same floats)
+                lr, h, u = per_rep[rep]
+                link_rows = [link_rows[k] + lr[k] * w * copies for k in range(3)]
+                hits, unique = hits + h * w, unique + u * w
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_all * m.num_layers
         row = m.kv_bytes_per_token_layer
