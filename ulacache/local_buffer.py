@@ -44,7 +44,7 @@ class _BufState:
 class LocalBuffers:
     def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_limit: int | None = None):
         self.be, self.R, self.slots = be, num_ranks, slots
-        self.pool = Pool(num_ranks, slots, exact_lru=True)  # buffer-local places r * seg + s
+        self.pool = Pool(num_ranks, slots, exact_lru=True, address_limit=space.size)  # places r * seg + s
         self.seg = self.pool.seg
         self.num_places = self.pool.num_places
         self.base = base_place  # unified place of buffer-local place 0

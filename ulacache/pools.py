@@ -18,6 +18,11 @@ import numpy as np
 GROW_FLOOR = 1024  # smallest storage row (slots or ids per rank)
 
 
+def id_dtype(limit: int | None):
+    """int32 for ids (addresses, places) known to stay below 2**31 - 1: half the bytes of int64 tables."""
+    return np.int32 if limit is not None and limit < 2**31 - 1 else np.int64
+
+
 def pad64(n: int) -> int:
     return -(-n // 64) * 64
 
@@ -215,13 +220,14 @@ class Pool:
     `free_bm` are dense copies over all R * seg places (for snapshots). `num_free` are the committed free counts
     per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
-    def __init__(self, num_ranks: int, slots: int, base: int = 0, exact_lru: bool = False):
+    def __init__(self, num_ranks: int, slots: int, base: int = 0, exact_lru: bool = False,
+                 address_limit: int | None = None):
         from .lru_log import LruLog
 
         self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
         self.num_places = num_ranks * self.seg
         self.rows = RankRows(num_ranks, self.seg, self.seg)
-        self.own = np.zeros(0, dtype=np.int64)
+        self.own = np.zeros(0, dtype=id_dtype(address_limit))  # int32 while the addresses held fit
         self.stamp = np.zeros(0, dtype=np.int64)
         self.free = np.zeros(0, dtype=np.uint8)
         self.free_nz = np.zeros(0, dtype=bool)
@@ -341,7 +347,7 @@ class Pool:
     @property
     def owner(self) -> np.ndarray:
         """Dense copy by place - base, sized by the budget (for UlaCache.device_state)."""
-        return self.dense(self.own, -1)
+        return self.dense(self.own, -1).astype(np.int64, copy=False)
 
     @property
     def stamps(self) -> np.ndarray:
@@ -391,4 +397,4 @@ class CpuPools:
             self.free[r].push(places[ranks == r])
 
 
-__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "Pool", "merge_by_rank", "RaggedRows", "RankRows", "pack_summary", "pad64"]
+__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "id_dtype", "Pool", "merge_by_rank", "RaggedRows", "RankRows", "pack_summary", "pad64"]

@@ -58,7 +58,7 @@ class ExclusivePolicy:
     def __init__(self, cfg, be):
         self.cfg, self.be = cfg, be
         R = cfg.num_ranks
-        self.gpu = Pool(R, cfg.gpu_slots, exact_lru=self.exact_lru)
+        self.gpu = Pool(R, cfg.gpu_slots, exact_lru=self.exact_lru, address_limit=R * (cfg.gpu_slots + cfg.cpu_slots))
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.gpu.num_places)
         self.num_places = self.gpu.num_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots, self.num_places)

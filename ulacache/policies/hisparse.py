@@ -24,7 +24,7 @@ import numpy as np
 from ..address_space import AddressSpace
 from ..errors import CapacityError, require
 from ..plan import Plan
-from ..pools import CpuPools, IdStack, RankRows, pad64
+from ..pools import CpuPools, IdStack, RankRows, id_dtype, pad64
 
 
 @dataclass
@@ -57,8 +57,9 @@ class HiSparsePolicy:
         self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> LRU storage row
         self.grows = RankRows(R, self.seg, self.seg)  # GPU place -> gowner storage position
         self.lru = np.zeros((0, D), dtype=np.int32)
-        self.slot_of = np.zeros(0, dtype=np.int64)  # by address storage: GPU place of a resident copy, -1 none
-        self.gowner = np.zeros(0, dtype=np.int64)
+        # by address storage: GPU place of a resident copy, -1 none; by GPU storage: the address held (int32 if fits)
+        self.slot_of = np.zeros(0, dtype=id_dtype(self.num_gpu_places))
+        self.gowner = np.zeros(0, dtype=id_dtype(self.space.size))
         self.space.listeners.append(self._grow_space)
         self.region_of = np.full(16, -1, dtype=np.int64)  # by request index
         self.hist_len = np.zeros(16, dtype=np.int64)
