@@ -16,6 +16,9 @@ import numpy as np
 from .pools import IdStack, RaggedRows
 
 
+_MARKER = [np.zeros(1, dtype=bool)]  # the shared dedup marker (AddressSpace.scratch)
+
+
 @dataclass
 class Request:
     """One request's addresses (chunks appended per allocation) and its rank."""
@@ -48,7 +51,6 @@ class AddressSpace:
         self.table = np.zeros(0, dtype=self.place_dtype)  # place of each address in storage, -1 unallocated
         # address -> request index, only for a policy that reads it (hisparse): 4 bytes per address otherwise unused
         self.req_of = np.zeros(0, dtype=np.int32) if track_requests else None
-        self.scratch = np.zeros(1, dtype=bool)  # dedup marker over storage (+1: where -1 padding lands)
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]
         self.requests: dict[int, Request] = {}
         self._next_index = 0
@@ -57,6 +59,19 @@ class AddressSpace:
 
     def index(self, addrs: np.ndarray) -> np.ndarray:
         return self.rows.index(addrs)
+
+    @property
+    def scratch(self) -> np.ndarray:
+        """The dedup marker over storage (+1: where -1 padding lands), all False between accesses: one buffer shared
+        by every space of the process (accesses run one at a time), so many caches cost one marker."""
+        n = self.rows.size + 1
+        if _MARKER[0].size < n:
+            _MARKER[0] = np.zeros(max(n, 2 * _MARKER[0].size), dtype=bool)
+        return _MARKER[0][:n]
+
+    @scratch.setter
+    def scratch(self, marker: np.ndarray) -> None:
+        """What the backend's dedup hands back: the same marker (numpy) or its own copy, left all False."""
 
     def home(self, addrs: np.ndarray) -> np.ndarray:
         return addrs // self.slots_per_rank
@@ -74,7 +89,6 @@ class AddressSpace:
         self.table = self.rows.relayout(self.table, old, -1)
         if self.req_of is not None:
             self.req_of = self.rows.relayout(self.req_of, old, -1)
-        self.scratch = np.zeros(self.rows.size + 1, dtype=bool)
         for grow in self.listeners:
             grow(old)
 
