@@ -15,7 +15,6 @@ import numpy as np
 
 from .pools import IdStack, RaggedRows
 
-
 _MARKER = [np.zeros(1, dtype=bool)]  # the shared dedup marker (AddressSpace.scratch)
 
 
