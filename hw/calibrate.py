@@ -6,8 +6,9 @@ per distinct reference and per miss (graph-replayed access + commit on batches o
 and NVLink latency and row efficiency by transfer size and row size, with the row movers the pipeline uses (H2D:
 exchange into free slots, reads only; D2H: the fused swap exchange, whose write-back direction is the slower one;
 peer: pull gather from the other GPU). With several GPUs, the node model (sim/hardware.py): every exchange kind with
-k = 1..N GPUs at once, host-side caps fitted on them (hw/nodefit.py), and the peer gather with all ranks fetching
-from all peers at once; the single-GPU file keeps one GPU's figures alone.
+k = 1..N GPUs at once, host-side caps fitted on them (hw/nodefit.py), the peer gather with all ranks fetching
+from all peers at once, and the extra fixed time of peer gathers right after an exchange (k = 2..N); the single-GPU
+file keeps one GPU's figures alone.
 """
 from __future__ import annotations
 
@@ -118,7 +119,25 @@ def measure_node(num_gpus: int, quick: bool) -> dict:
         gr = min(100_000 if quick else 200_000, hr // 2)
         res["peer_all"] += copybench.bench_node(rb, [n for n in rows if n <= gr], gpus=list(range(num_gpus)),
                                                 op="peer_all", host_rows=hr, gpu_rows=gr)
+    res["gather_after_exchange"] = measure_gather_after_exchange(num_gpus, quick)
     return res
+
+
+def measure_gather_after_exchange(num_gpus: int, quick: bool) -> list[dict]:
+    """k = 2..N GPUs: peer gathers right after every GPU's swap exchange vs the same gathers warm (TP's order: a rank
+    gathers the rows its peers just promoted). On 2 H200s such gathers in `hw validate` took ~100 us more than the
+    warm all-to-all microbenchmark predicts (hw/NOTES.md); this measures it for the fit."""
+    from hw import copybench
+
+    out = []
+    for rb in NODE_ROW_SIZES:
+        hr = min(200_000 if quick else 800_000, (512 << 20) // rb)
+        gr = min(100_000 if quick else 200_000, hr // 2)
+        out += copybench.bench_gather_after_exchange(rb, [1024, 4096] if quick else [4096, 16384, 65536],
+                                                     gpus=list(range(num_gpus)),
+                                                     exchange_sizes=[8192] if quick else [16384, 65536],
+                                                     host_rows=hr, gpu_rows=gr)
+    return out
 
 
 def link_costs(links: dict, ceil: dict, min_rows: int) -> tuple[dict, dict]:
@@ -186,6 +205,12 @@ def derive(raw: dict) -> tuple[dict, dict | None]:
         fit = fit_host_caps({**multi_links, "nvlink_bw_bytes_s": ceil["p2p_gb_s"] * 1e9}, raw["node"]["exchange"])
         raw["node_fit"] = fit
         multi_links.update({k: v for k, v in fit["caps"].items() if v})
+        gae = raw["node"].get("gather_after_exchange")
+        if gae:  # raw data before 2026-12-01 03:40 UTC did not measure it: the key stays the default (0)
+            from hw.nodefit import AFTER_EXCHANGE_KEY, fit_peer_after_exchange
+
+            raw["peer_after_exchange_fit"] = fit_peer_after_exchange(gae)
+            multi_links[AFTER_EXCHANGE_KEY] = raw["peer_after_exchange_fit"][AFTER_EXCHANGE_KEY]
     mg = raw["management"]
     X = [[1.0, m["num_refs"], m["num_unique"], m["num_misses"]] for m in mg]
     f = fit_nonnegative(X, [m["time_s"] for m in mg], ["const_s", "per_ref_s", "per_unique_s", "per_miss_s"])
@@ -212,6 +237,13 @@ def derive(raw: dict) -> tuple[dict, dict | None]:
     regime = (f"node model: PCIe per-link figures of one GPU alone, host-side caps {caps or 'none'} (128-B line "
               f"bytes/s) fitted on 1..{ngpu} GPUs exchanging at once (median error "
               f"{raw['node_fit']['median_rel_err']:.3f}); peer = all {ngpu} ranks gathering from all peers at once")
+    gf = raw.get("peer_after_exchange_fit")
+    regime += (f"; peer gathers after an exchange: +{gf['peer_after_exchange_latency_s'] * 1e6:.1f} us per home rank "
+               f"(gathers right after every GPU's swap exchange minus the same gathers warm, k = 2..{ngpu}; fit "
+               f"median error {gf['median_rel_err']:.3f})" if gf else
+               "; peer_after_exchange_latency_s NOT MEASURED (this raw data predates the gather-after-exchange "
+               "measurement): the default 0 applies, so TP gathers that follow an exchange are under-predicted "
+               "(hw/NOTES.md: ~80-100 us per gather on 2 H200s, seen in validation diagnostics only)")
     return calib(multi_links, regime), single
 
 
@@ -270,6 +302,14 @@ def main(args) -> int:
     for k, v in calib["costs"].items():
         print(f"{k}: {v}")
     print(f"management fit: median rel err {raw['management_fit']['median_rel_err']:.3f}")
+    if "peer_after_exchange_fit" in raw:
+        g = raw["peer_after_exchange_fit"]
+        print(f"peer gather after an exchange: +{g['peer_after_exchange_latency_s'] * 1e6:.1f} us per home rank "
+              f"(IQR {g['extra_iqr_s'][0] * 1e6:.1f}-{g['extra_iqr_s'][1] * 1e6:.1f}); by GPUs "
+              + ", ".join(f"k={k}: {v * 1e6:.1f}" for k, v in g["by_num_gpus"].items()) + "; by rows "
+              + ", ".join(f"{n}: {v * 1e6:.1f}" for n, v in g["by_num_rows"].items()))
+    elif "node" in raw:
+        print("peer gather after an exchange: not in this raw data (peer_after_exchange_latency_s stays 0)")
     if "node_fit" in raw:
         f = raw["node_fit"]
         print(f"node model: caps {f['caps']}, median rel err {f['median_rel_err']:.3f} (max {f['max_rel_err']:.3f})")

@@ -42,7 +42,8 @@ def register(subparsers) -> None:
     h.set_defaults(func=_hisparse)
 
     v = sub.add_parser("validate", help="replay a trace on the GPU and in the cost model; per-step error -> JSON")
-    v.add_argument("trace", help="trace directory (requests.parquet + trace.yaml) or 'synthetic'")
+    v.add_argument("trace", nargs="?", default=None,
+                   help="trace directory (requests.parquet + trace.yaml) or 'synthetic' (not with --from-json)")
     v.add_argument("--ranks", type=_positive_int, default=1, help="ranks, one GPU each")
     v.add_argument("--mode", choices=("dp", "tp"), default=None, help="attention mode (default: tp when ranks > 1)")
     v.add_argument("--calibration", default="hw/calibration/h200.yaml", help="calibration YAML for the cost model")
@@ -63,6 +64,14 @@ def register(subparsers) -> None:
                    help="device: the pipeline's exchange from its device lists (GPU r > 0 copies its slice from GPU "
                         "0 first); grid: the calibrated exchange_rows with each rank's lists on its GPU (as a "
                         "per-rank deployment has them). Default: device with one rank, grid with several")
+    v.add_argument("--from-json", action="append", default=[], metavar="RUN_JSON",
+                   help="no GPU: re-predict this stored validate JSON (repeatable) with --calibration; --out gets "
+                        "the before/after errors")
+    v.add_argument("--cost", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --from-json: override a cost key (a sensitivity; recorded in the output)")
+    v.add_argument("--after-exchange-from", default="", metavar="RUN_JSON",
+                   help="with --from-json: set peer_after_exchange_latency_s from this TP run's per-rank gather "
+                        "timings (gather_r*) minus the warm peer model (a sensitivity, recorded in the output)")
     v.add_argument("--out", default="validate.json", help="JSON file to write")
     v.set_defaults(func=_validate)
 
@@ -86,6 +95,16 @@ def _hisparse(args) -> int:
 
 
 def _validate(args) -> int:
+    if args.from_json:
+        if args.trace is not None:
+            raise ValueError("hw validate: give a trace or --from-json, not both")
+        from hw import repredict
+
+        return repredict.main(args)
+    if args.trace is None:
+        raise ValueError("hw validate: a trace directory or 'synthetic' is required (or --from-json RUN_JSON)")
+    if args.cost or args.after_exchange_from:
+        raise ValueError("hw validate: --cost and --after-exchange-from are only for --from-json re-predictions")
     from hw import validate
 
     return validate.main(args)

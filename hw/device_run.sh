@@ -4,7 +4,8 @@
 # are packed into $OUT/validate.tar.gz.
 # Usage on the device machine: bash hw/device_run.sh "tests hisparse calibrate validate validate_trace" [NUM_GPUS]
 #   NUM_GPUS (default: every visible GPU): multi-GPU steps run DP-N and TP-N (and TP-2 .. TP-N/2 when N > 2).
-# Steps: tests | bench | hisparse | calibrate (merges hisparse's keys when its JSON is there) | validate (synthetic)
+# Steps: tests | bench | hisparse | calibrate (merges hisparse's keys when its JSON is there; on N > 1 GPUs also the
+#        node model: concurrent exchanges, all-to-all gathers, gathers right after an exchange) | validate (synthetic)
 #        | validate_diag (DP-N with the ranks' transfers enqueued in reverse; with the device-list exchange)
 #        | validate_trace (multi-lexsum profile
 #        trace, 64 requests, histories capped at 32K)
@@ -24,7 +25,7 @@ for step in ${1:-tests bench}; do
   echo "=== $step $(date -u +%H:%M:%S)" | tee -a "$LOG"
   case $step in
     tests) timeout 300 python3 -m pytest -q -x -m gpu tests/test_backend_parity.py tests/test_hw_gpu.py \
-             tests/test_hw_hisparse.py -p no:cacheprovider >>"$LOG" 2>&1; tail -3 "$LOG" ;;
+             tests/test_hw_hisparse.py tests/test_hw_nodefit.py -p no:cacheprovider >>"$LOG" 2>&1; tail -3 "$LOG" ;;
     bench) timeout 300 python3 -m hw bench --out "$OUT/bench.json" 2>&1 | tee -a "$LOG" ;;
     hisparse) timeout 300 python3 -m hw hisparse --out "$OUT/hisparse_swapin.json" 2>&1 | tee -a "$LOG" ;;
     calibrate)

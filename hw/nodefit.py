@@ -88,3 +88,48 @@ def fit_host_caps(link_values: dict, points: list[dict], rounds: int = 3) -> dic
     return {"caps": {k: (float(v) if v else None) for k, v in caps.items()}, "error_no_caps": base_err,
             "error": best, "median_rel_err": float(np.median(rel)) if rel else None,
             "max_rel_err": float(np.max(rel)) if rel else None, "points": out}
+
+
+AFTER_EXCHANGE_KEY = "peer_after_exchange_latency_s"
+
+
+def fit_peer_after_exchange(points: list[dict]) -> dict:
+    """`peer_after_exchange_latency_s` from `hw calibrate`'s gather-after-exchange points (copybench
+    `bench_gather_after_exchange`: per point after_s, warm_s, num_gpus, num_rows, exchange_rows): the gathers right
+    after an exchange minus the same gathers warm, per home rank (k GPUs: k - 1 gathers each), median over points.
+    Also what the model assumes, for the next look: the extra's spread, its share of the warm time, and its
+    median per GPU count (per-home: flat in k; per-phase: falls as 1 / (k - 1)) and per gathered-row count."""
+    if not points:
+        raise ValueError("no gather-after-exchange points to fit")
+    extra = np.array([(p["after_s"] - p["warm_s"]) / (p["num_gpus"] - 1) for p in points])
+    lat = max(0.0, float(np.median(extra)))
+    pred = [p["warm_s"] + lat * (p["num_gpus"] - 1) for p in points]
+    rel = np.abs(np.array(pred) / np.array([p["after_s"] for p in points]) - 1)
+    by = lambda key: {int(v): float(np.median([e for e, p in zip(extra, points) if p[key] == v]))
+                      for v in sorted({p[key] for p in points})}
+    return {AFTER_EXCHANGE_KEY: lat, "extra_per_home_s": [float(x) for x in extra],
+            "extra_iqr_s": [float(x) for x in np.quantile(extra, [0.25, 0.75])],
+            "by_num_gpus": by("num_gpus"), "by_num_rows": by("num_rows"), "by_exchange_rows": by("exchange_rows"),
+            "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max())}
+
+
+def after_exchange_from_parts(run: dict, costs) -> dict:
+    """The same extra from a `hw validate` TP run that timed its gathers apart (`parts_s` gather_r*: from the wait
+    on the other ranks' exchanges to the end of the rank's gathers): per step and rank, the gather time minus the
+    cost model's warm peer time of its rows, per home rank. A diagnostic of validation runs -- not a calibration."""
+    R, rb = int(run["ranks"]), int(run["row_bytes"])
+    extra, waits = [], []
+    for s in run["per_step"]:
+        if s.get("warmup") or "gather_r0" not in s.get("parts_s", {}):
+            continue
+        for r in range(R):
+            rows = s["rows_per_rank"]["peer"][r]
+            if rows <= 0:
+                continue
+            extra.append((s["parts_s"][f"gather_r{r}"] - costs.peer_s(rows, rb)) / (R - 1))
+            waits.append(s["parts_s"][f"peer_r{r}"] - s["parts_s"][f"gather_r{r}"])
+    if not extra:
+        raise ValueError("the run has no per-rank gather timings (gather_r*): nothing to derive")
+    return {AFTER_EXCHANGE_KEY: float(np.median(extra)),
+            "extra_iqr_s": [float(x) for x in np.quantile(extra, [0.25, 0.75])],
+            "wait_median_s": float(np.median(waits)), "samples": len(extra)}

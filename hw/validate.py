@@ -74,28 +74,38 @@ class NodeCosts:
         return self.costs.peer_s(rows, row_bytes)
 
 
-def load_costs(path: Path | None):
-    """(CostModel, node view of it) for a calibration file (None: the simulator's defaults)."""
+NODE_KEYS = HOST_CAP_KEYS + ("peer_after_exchange_latency_s",)  # the node model's keys beyond the per-link ones
+
+
+def load_costs(path: Path | None, overrides: dict | None = None):
+    """(CostModel, node view of it) for a calibration file (None: the simulator's defaults); `overrides`: cost keys
+    set on top (a sensitivity; unknown keys refused)."""
     from sim.costs import CostModel
     from traces.strict_yaml import read_yaml_file
 
-    costs = CostModel.load("h200", "glm-5", calibration=path)
+    costs = CostModel.load("h200", "glm-5", calibration=path, overrides=overrides or None)
     pending = {}
     if path is not None:
         prov = (read_yaml_file(path) or {}).get("provenance") or {}
-        pending = {k: v for k, v in (prov.get("pending_costs") or {}).items() if k in HOST_CAP_KEYS}
+        pending = {k: v for k, v in (prov.get("pending_costs") or {}).items() if k in NODE_KEYS}
     return costs, NodeCosts(costs, pending)
 
 
-def predict_s(costs, plan, row_bytes: int, num_ranks: int, node=None) -> float:
-    """The cost model's management + transfer time of a plan: every rank's exchange at once on the node model
-    (shared host-side caps where calibrated), then every rank's peer gathers (they read what was promoted)."""
+def predict_parts(costs, plan, row_bytes: int, num_ranks: int, node=None) -> dict:
+    """The cost model's management and transfer times of a plan: every rank's exchange at once on the node model
+    (shared host-side caps where calibrated), then every rank's peer gathers (they read what was promoted: after an
+    exchange they pay `peer_after_exchange_latency_s` per home rank). The live run and `--from-json` both use it."""
     mgmt = costs.management_s(plan.num_refs, plan.num_unique, plan.num_misses)
     R = range(num_ranks)
     exchange, peer = concurrent_exchange_s(node or costs, row_bytes, [int(plan.h2d_rows_per_rank[r]) for r in R],
                                            [int(plan.d2h_rows_per_rank[r]) for r in R],
                                            [int(plan.peer_rows_per_rank[r]) for r in R])
-    return mgmt + exchange + peer
+    return {"management_s": mgmt, "exchange_s": exchange, "peer_s": peer}
+
+
+def predict_s(costs, plan, row_bytes: int, num_ranks: int, node=None) -> float:
+    """management + exchange + peer time of a plan (`predict_parts` summed)."""
+    return sum(predict_parts(costs, plan, row_bytes, num_ranks, node).values())
 
 
 def working_set_slots(make_selector, addrs: list, steps: int) -> int:
@@ -179,7 +189,7 @@ def run(args) -> dict:
         "exchange_kernel": getattr(ex, "exchange_kernel", None), "steps": len(steps), "requests": n, "query_tokens": q, "row_bytes": rb,
         "gpu_slots_per_rank": args.gpu_slots, "local_buffer_slots_per_rank": int(local) if mode == "tp" else 0,
         "calibration": str(calib) if calib else None,
-        "node_model": {k: node.values.get(k) for k in HOST_CAP_KEYS},
+        "node_model": {k: node.values.get(k) for k in NODE_KEYS},
         "hits_facade": int(sum(s["num_hits"] for s in steps)),
         "hits_device": (int(sum(s["device_hits"] for s in steps)) if all(s["device_hits"] is not None for s in steps)
                         else None),

@@ -230,7 +230,8 @@ def pcie_route(costs, kind: str, rank: int, row_bytes: float) -> dict:
 
 def concurrent_exchange_s(costs, row_bytes: float, h2d_rows, d2h_rows, peer_rows=None) -> tuple[float, float]:
     """(exchange, peer) time of one batch where every rank r exchanges h2d_rows[r] / d2h_rows[r] rows with the host
-    at once (then gathers peer_rows[r] rows from its peers, all ranks at once), on the node model."""
+    at once (then gathers peer_rows[r] rows from its peers, all ranks at once, each gather after an exchange paying
+    `peer_after_exchange_s`), on the node model."""
     R = len(h2d_rows)
     caps = node_caps(costs, R)
     v = costs.values
@@ -245,8 +246,17 @@ def concurrent_exchange_s(costs, row_bytes: float, h2d_rows, d2h_rows, peer_rows
     ex = ex + v["pcie_latency_s"] if sizes else 0.0
     peer = 0.0
     if peer_rows is not None and any(p > 0 for p in peer_rows):
-        peer = max(costs.peer_s(p, row_bytes) for p in peer_rows)
+        after = peer_after_exchange_s(costs, R - 1) if sizes else 0.0
+        peer = max(costs.peer_s(p, row_bytes) + after for p in peer_rows if p > 0)
     return ex, peer
+
+
+def peer_after_exchange_s(costs, num_homes: int) -> float:
+    """Fixed extra time of a rank's peer gathers that start when a host exchange finishes, one gather per home rank
+    (`peer_after_exchange_latency_s`, measured by `hw calibrate` as gathers right after an exchange minus the same
+    gathers warm; 0 where unmeasured). On 2 H200s a gather after an exchange took ~100 us more than warm
+    (hw/NOTES.md, TP validation)."""
+    return float(costs.values.get("peer_after_exchange_latency_s") or 0.0) * max(0, num_homes)
 
 
 class Fabric:
@@ -344,6 +354,7 @@ class Node:
         v = costs.values
         self.env, self.num_gpus = env, num_gpus
         self.fabric = None
+        self.peer_after_exchange_s = peer_after_exchange_s(costs, num_gpus - 1)  # chained fetches: TP homes = peers
         if any(v.get(k) for k in HOST_CAP_KEYS):
             self._routes(costs, recorder)
             return

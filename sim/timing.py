@@ -183,7 +183,7 @@ class StepTimer:
             lat = max(lat, node.nvlink[r].latency)
         if w.peer_after_h2d_bytes > 0:
             flows.append(self._chain(r, h2d_ev, w.peer_after_h2d_bytes * first, f"peer after h2d g{g}"))
-            lat = max(lat, node.h2d[r].latency + node.nvlink[r].latency)
+            lat = max(lat, node.h2d[r].latency + node.nvlink[r].latency + node.peer_after_exchange_s)
         if w.d2h_bytes > 0:
             ev = node.d2h[r].transfer(w.d2h_bytes * first, f"d2h g{g}")
             if w.d2h_blocking:
