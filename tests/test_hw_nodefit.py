@@ -192,3 +192,107 @@ def test_gather_after_exchange_measurement_runs():
     pts = bench_gather_after_exchange(656, [1024, 4096], gpus=[0, 1], exchange_sizes=[4096], host_rows=50_000,
                                       gpu_rows=20_000, repeat=3)
     assert len(pts) == 2 and all(p["after_s"] > 0 and p["warm_s"] > 0 and p["num_gpus"] == 2 for p in pts)
+
+
+class _FakeCp:
+    """Just enough of cupy, on numpy, to run the measurement's control flow on CPU (timing events count calls)."""
+
+    uint8, int64 = np.uint8, np.int64
+
+    def __init__(self):
+        self.clock = [0.0]
+        fake = self
+
+        class Ctx:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def synchronize(self):
+                pass
+
+        class Event:
+            def __init__(self):
+                fake.clock[0] += 1.0
+                self.t = fake.clock[0]
+
+        class Stream(Ctx):
+            def __init__(self, non_blocking=False):
+                pass
+
+            def record(self):
+                return Event()
+
+            def wait_event(self, ev):
+                assert isinstance(ev, Event)
+
+        class Device(Ctx):
+            def __init__(self, g):
+                self.g = g
+
+        class Cuda:
+            pass
+
+        self.cuda = Cuda()
+        self.cuda.Device, self.cuda.Stream = Device, Stream
+        self.cuda.get_elapsed_time = lambda a, b: (b.t - a.t) * 1e-3
+
+    full, zeros, ones, asarray = staticmethod(np.full), staticmethod(np.zeros), staticmethod(np.ones), \
+        staticmethod(np.asarray)
+
+
+def test_gather_after_exchange_measurement_control_flow_on_cpu(monkeypatch):
+    """The GPU measurement's bookkeeping without a GPU: the first gathers read exactly the rows each peer promoted
+    in that repeat, one gather per peer, an even split; points for every k and size that fits."""
+    import hw.copybench as cb
+    import ulacache.backends.cupy_copy as cc
+    import ulacache.backends.cupy_pipeline as pipe
+
+    calls = []
+
+    class HostPool:
+        def __init__(self, n, rb):
+            self.array = np.zeros((n, rb), np.uint8)
+
+    def exchange_rows(gpu, host, gi, hi, vic, rb, **kw):
+        calls.append(("ex", id(gpu), np.array(gi)))
+        old = gpu[gi].copy()
+        gpu[gi] = host.array[hi]
+        host.array[hi[vic.astype(bool)]] = old[vic.astype(bool)]
+
+    def gather_rows(dst, src, di, si, rb, **kw):
+        calls.append(("gather", id(src), np.array(si)))
+        dst[di] = src[si]
+
+    monkeypatch.setattr(cb, "cupy", lambda: _FakeCp())
+    monkeypatch.setattr(cb, "enable_peer_access", lambda n: None)
+    monkeypatch.setattr(cc, "HostPool", HostPool)
+    monkeypatch.setattr(cc, "exchange_rows", exchange_rows)
+    monkeypatch.setattr(cc, "gather_rows", gather_rows)
+    monkeypatch.setattr(pipe, "spin", lambda ns: None)
+    pts = cb.bench_gather_after_exchange(32, [60, 300], gpus=[0, 1, 2], exchange_sizes=[64, 128], host_rows=1000,
+                                         gpu_rows=500, repeat=3)
+    # 300 rows need 300 (k = 2) or 150 (k = 3) rows per peer: more than either exchange promoted, so skipped
+    got = sorted((p["exchange_rows"], p["num_gpus"], p["num_rows"]) for p in pts)
+    assert got == [(64, 2, 60), (64, 3, 60), (128, 2, 60), (128, 3, 60)]
+    assert all(p["after_s"] > 0 and p["warm_s"] > 0 and p["wait_s"] > 0 for p in pts)
+    # in every repeat: each GPU's first gathers (one per peer) read the first rows that peer's exchange promoted
+    i = 0
+    while i < len(calls):
+        j = i
+        exchanged = {}
+        while j < len(calls) and calls[j][0] == "ex":
+            exchanged[calls[j][1]] = calls[j][2]
+            j += 1
+        k = len(exchanged)
+        gathers = calls[j:j + k * 2 * (k - 1)]
+        assert k >= 2 and all(c[0] == "gather" for c in gathers)
+        for g in range(k):
+            mine = gathers[g * 2 * (k - 1):(g + 1) * 2 * (k - 1)]
+            after = mine[:k - 1]
+            for src, si in ((c[1], c[2]) for c in after):
+                assert src in exchanged and np.array_equal(si, exchanged[src][:si.size])
+            assert sum(c[2].size for c in after) == sum(c[2].size for c in mine[k - 1:])  # warm: same count
+        i = j + len(gathers)
