@@ -75,6 +75,8 @@ def main(args) -> int:
     calib = Path(args.calibration) if args.calibration else None
     if calib is not None and not calib.is_file():
         raise OSError(f"calibration file not found: {calib}")
+    if args.out and any(Path(args.out).resolve() == Path(p).resolve() for p in args.from_json):
+        raise ValueError(f"--out {args.out} is one of the runs to re-predict: it would be overwritten")
     overrides = parse_cost_overrides(getattr(args, "cost", None))
     derived = None
     if getattr(args, "after_exchange_from", ""):  # sensitivity: the key from another run's gather timings

@@ -172,12 +172,13 @@ def test_from_json_cli_on_a_committed_run(tmp_path, capsys):
     (["--from-json", "hw/results/validate_tp2.json", "--cost", "no_such_key=1"], "unknown cost key"),
     (["synthetic", "--cost", f"{KEY}=1"], "only for --from-json"),
     ([], "required"),
+    (["--from-json", "hw/results/validate_tp2.json", "--out", "hw/results/validate_tp2.json"], "overwritten"),
 ])
 def test_from_json_bad_input_is_one_line(argv, msg, capsys, monkeypatch):
     from ulacache_cli.main import main
 
     monkeypatch.chdir(ROOT)
-    rc = main(["hw", "validate", *argv, "--out", ""])
+    rc = main(["hw", "validate", *argv] + ([] if "--out" in argv else ["--out", ""]))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and msg in err[0], err
 
