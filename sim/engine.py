@@ -109,6 +109,7 @@ class Engine:
         self._saturated = False
         self.prefill = make_prefill(cfg, costs, system, self)  # untimed | chunked (sim/prefill.py)
         self._keys = None  # (group map bytes, per-group (representative, layers)) cache of _group_keys
+        self._links_memo: dict[bytes, dict] = {}  # _links' inputs (exact bits) -> its result
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -337,13 +338,27 @@ class Engine:
         return [(first, links)] + [(rest, links)] * (p - 1)
 
     def _links(self, b: Batch, r: int, rt: dict, rows: tuple, row_bytes: float) -> dict:
-        """Management time and link bytes of one simulated group's plan on rank r (one layer)."""
+        """Management time and link bytes of one simulated group's plan on rank r (one layer). A pure function of
+        the scalars below: memoized on their exact bits (idle DP ranks and repeated shapes are computed once)."""
         sysm, costs = self.system, self.costs
         h2d, d2h, peer = (x[r] for x in rows)
-        mgmt = sysm.management_s(costs, b.ref_rank[r], rt["unique"] * b.ref_rank[r], rt["misses"] * b.ref_rank[r],
-                                 b.n_rank[r])
-        chained = min(peer, float(rows[0].sum()) - h2d) if sysm.tp else 0.0  # peer rows promoted at their home first
-        return dict(mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row_bytes, b.n_rank[r]),
+        home_h2d = float(rows[0].sum()) if sysm.tp else 0.0
+        key = np.array([b.ref_rank[r], rt["unique"], rt["misses"], b.n_rank[r], h2d, d2h, peer, home_h2d, row_bytes],
+                       dtype=np.float64).tobytes()
+        out = self._links_memo.get(key)
+        if out is None:
+            if len(self._links_memo) >= 4096:
+                self._links_memo.clear()
+            out = self._links_memo[key] = self._links_of(b.ref_rank[r], rt, b.n_rank[r], h2d, d2h, peer, home_h2d,
+                                                         row_bytes)
+        return out
+
+    def _links_of(self, ref_rank: float, rt: dict, n_rank: float, h2d: float, d2h: float, peer: float,
+                  home_h2d: float, row_bytes: float) -> dict:
+        sysm, costs = self.system, self.costs
+        mgmt = sysm.management_s(costs, ref_rank, rt["unique"] * ref_rank, rt["misses"] * ref_rank, n_rank)
+        chained = min(peer, home_h2d - h2d) if sysm.tp else 0.0  # peer rows promoted at their home first
+        return dict(mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row_bytes, n_rank),
                     d2h_bytes=costs.d2h_link_bytes(d2h, row_bytes),
                     peer_bytes=costs.peer_link_bytes(peer - chained, row_bytes),
                     peer_after_h2d_bytes=costs.peer_link_bytes(chained, row_bytes))

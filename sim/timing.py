@@ -56,23 +56,22 @@ class StepTimer:
         env = self.env
         start = env.now
         num_groups = len(work[0])
-        order: list[int] = []
-        count: dict[tuple, int] = {}
-        first: dict[tuple, int] = {}
-        by_id: dict[tuple, tuple] = {}  # the same objects are equal: compare by value once per distinct object set
+        order: list[int] = []  # the first group of each distinct work, in group order
+        mult: dict[int, int] = {}  # that group -> how many groups share its work
+        by_value: dict[tuple, int] = {}
+        by_id: dict[tuple, int] = {}  # the same objects are equal: compare by value once per distinct object set
         for g in range(num_groups):
             if dedup:
                 ids = tuple(id(w[g]) for w in work)
-                key = by_id.get(ids)
-                if key is None:
-                    key = by_id[ids] = tuple(w[g] for w in work)
+                head = by_id.get(ids)
+                if head is None:
+                    head = by_id[ids] = by_value.setdefault(tuple(w[g] for w in work), g)
             else:
-                key = (g,)
-            if key not in count:
-                count[key], first[key] = 0, g
+                head = g
+            if head == g:
                 order.append(g)
-            count[key] += 1
-        mult = {first[k]: c for k, c in count.items()}
+                mult[g] = 0
+            mult[head] += 1
         self.node.simulate(ranks)  # each simulated rank stands for num_gpus / len(ranks) GPUs on shared host caps
         totals = dict.fromkeys(PARTS, 0.0)
         elapsed = 0.0
