@@ -108,7 +108,7 @@ class Engine:
         self.state = RunState()
         self._saturated = False
         self.prefill = make_prefill(cfg, costs, system, self)  # untimed | chunked (sim/prefill.py)
-        self._keys = None  # (group map bytes, per-group (representative, layers)) cache of _group_keys
+        self._keys = None  # (group map bytes, (distinct (representative, layers), index per group)): _group_keys
         self._links_memo: dict[bytes, dict] = {}  # _links' inputs (exact bits) -> its result
 
     # ------------------------------------------------------------------ admission
@@ -272,25 +272,28 @@ class Engine:
         first)."""
         common = self._compute(b, r, shared)
         by_rep: dict[int, list] = {}
-        made: dict[tuple[int, int], list[GroupWork]] = {}
-        out = []
-        for rep, layers in self._group_keys(ratios):
-            works = made.get((rep, layers))
-            if works is None:
-                passes = by_rep.get(rep)
-                if passes is None:
-                    passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
-                works = made[(rep, layers)] = [GroupWork(layers=layers, **c, **links) for c, links in passes]
-            out.extend(works)
-        return out
+        distinct, index = self._group_keys(ratios)
+        made = []
+        for rep, layers in distinct:
+            passes = by_rep.get(rep)
+            if passes is None:
+                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
+            made.append([GroupWork(layers=layers, **c, **links) for c, links in passes])
+        if all(len(w) == 1 for w in made):
+            return [made[i][0] for i in index]
+        return [w for i in index for w in made[i]]
 
-    def _group_keys(self, ratios) -> list[tuple[int, int]]:
-        """(simulated representative or -1, layers) of every indexer group; rebuilt only when the groups change."""
+    def _group_keys(self, ratios) -> tuple[list[tuple[int, int]], list[int]]:
+        """The distinct (simulated representative or -1, layers) of the indexer groups, and each group's index into
+        them; rebuilt only when the groups change."""
         group_of = self.runner.group_of if ratios else None
         key = None if group_of is None else group_of.tobytes()
         if self._keys is None or self._keys[0] != key:
             reps = [-1] * len(self.group_layers) if group_of is None else [int(x) for x in group_of]
-            self._keys = (key, list(zip(reps, (int(x) for x in self.group_layers))))
+            pairs = list(zip(reps, (int(x) for x in self.group_layers)))
+            distinct = list(dict.fromkeys(pairs))
+            where = {p: i for i, p in enumerate(distinct)}
+            self._keys = (key, (distinct, [where[p] for p in pairs]))
         return self._keys[1]
 
     def _shared_work(self, b: Batch) -> dict:

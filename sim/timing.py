@@ -55,17 +55,16 @@ class StepTimer:
         work is identical on every rank are simulated once and counted as many times as they occur."""
         env = self.env
         start = env.now
-        num_groups = len(work[0])
         order: list[int] = []  # the first group of each distinct work, in group order
         mult: dict[int, int] = {}  # that group -> how many groups share its work
         by_value: dict[tuple, int] = {}
         by_id: dict[tuple, int] = {}  # the same objects are equal: compare by value once per distinct object set
-        for g in range(num_groups):
+        for g, col in enumerate(zip(*work)):  # col: group g's work on every simulated rank
             if dedup:
-                ids = tuple(id(w[g]) for w in work)
+                ids = tuple(map(id, col))
                 head = by_id.get(ids)
                 if head is None:
-                    head = by_id[ids] = by_value.setdefault(tuple(w[g] for w in work), g)
+                    head = by_id[ids] = by_value.setdefault(col, g)
             else:
                 head = g
             if head == g:
