@@ -39,11 +39,11 @@ class Untimed:
         self.rid, self.inp, self.arrival = engine.rid, engine.inp, engine.arrival
         self.host = np.zeros((engine.n_req, cfg.num_gpus))  # prompt tokens written to each rank's host memory
         self._rows_seen = 0.0
-        self._sampled = np.zeros(2)  # (CPU-placed prompt tokens, prompt tokens) of the policy's sampled requests
+        self._cpu_share: dict[int, float] = {}  # space -> CPU share of the prompt its last sampled request placed
 
     # ---- hooks
     def admit(self, i: int, space: int) -> None:
-        self.host[i] = self.system.prompt_host_tokens(space, int(self.inp[i]), self._placed_cpu_tokens(i))
+        self.host[i] = self.system.prompt_host_tokens(space, int(self.inp[i]), self._placed_cpu_tokens(i, space))
 
     def decoding(self, running: list[int]) -> list[int]:
         return running
@@ -68,9 +68,11 @@ class Untimed:
         """KV bytes the admitted prompts put in host memory, every rank (all layers, as `pcie_prompt_load_bytes`)."""
         return float(self.host.sum()) * self.cfg.model.kv_bytes_per_token
 
-    def _placed_cpu_tokens(self, i: int) -> float:
+    def _placed_cpu_tokens(self, i: int, space: int) -> float:
         """Prompt tokens of request i the policy's library placed in its CPU tier at admission: a sampled request's
-        own placement (the runner's `prompt_rows` grew by it, scaled by the stride), else the sampled requests' share."""
+        own placement (the runner's `prompt_rows` grew by it, scaled by the stride); an unsampled one takes the share
+        of the last sampled request of its space (it stands for the requests admitted there until the next sampled
+        one: placement fills the GPU pool first, so the share moves with time, not with the request)."""
         r = self.runner
         if r is None:
             return 0.0
@@ -78,9 +80,9 @@ class Untimed:
         n = float(self.inp[i])
         if int(self.rid[i]) in r.sampled:
             own = rows / r.k
-            self._sampled += (own, n)
+            self._cpu_share[space] = own / n
             return own
-        return n * self._sampled[0] / self._sampled[1] if self._sampled[1] else 0.0
+        return n * self._cpu_share.get(space, 0.0)
 
 
 class Chunked(Untimed):
