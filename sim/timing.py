@@ -102,7 +102,7 @@ class StepTimer:
             totals[name] += value
         # deduplicated groups are counted, not re-simulated: move the clock to the step's modelled end
         skipped = elapsed - (env.now - start - tail)
-        if skipped > 1e-15:
+        if skipped > 1e-15 and env.now + skipped > env.now:  # a sliver below the clock's resolution is no time
             env.run(until=env.now + skipped)
         return elapsed + tail, totals
 
