@@ -112,12 +112,11 @@ class LocalBuffers:
 
     def commit(self, plan: Plan) -> None:
         st, pool = plan.buffer_state, self.pool
-        ends = np.cumsum(st.counts).tolist()
-        for r in range(self.R):  # loop over ranks: each rank's misses, dests and victims are one slice
-            sl = slice(ends[r] - int(st.counts[r]), ends[r])
-            v = st.victims[sl]
-            self.maps.delete_rank(r, v.take(np.flatnonzero(v >= 0)))  # held by rank r: never one of its misses
-            self.maps.set_rank(r, st.miss_addrs[sl], st.dests[sl] - r * self.seg)
+        # All ranks at once (each rank's row of the maps is its own): victims out, then the misses in (a rank's
+        # victim is never one of its misses).
+        has_v = np.flatnonzero(st.victims >= 0)
+        self.maps.delete(st.miss_rank.take(has_v), st.victims.take(has_v))
+        self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg)
         pool.own[st.dest_idx] = st.miss_addrs
         pool.touch(st.hit_idx, plan.now)
         pool.touch(st.dest_idx, plan.now)
