@@ -122,3 +122,21 @@ def test_hisparse_alloc_many_new_requests_get_their_own_buffers():
     assert plan.num_misses == 3 * D
     c.commit(plan)
     c.check_invariants()
+
+
+def test_request_table_widens_past_int16_request_indices():
+    """The address -> request table starts narrow and widens when request indices outgrow it (same answers)."""
+    import numpy as np
+
+    from ulacache import CacheConfig, UlaCache
+
+    c = UlaCache(CacheConfig(mode="dp", num_ranks=1, gpu_slots=4097 * 2, cpu_slots=100_000, policy="hisparse"))
+    for rid in range(33_000):  # request indices past 32,767: each request allocated then freed
+        c.alloc(rid, 1)
+        if rid < 32_999:
+            c.free(rid)
+    assert c.space.req_of.dtype == np.int32
+    a = c.request_addresses(32_999)
+    plan = c.access(a)
+    c.commit(plan)
+    c.check_invariants()

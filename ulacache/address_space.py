@@ -48,8 +48,9 @@ class AddressSpace:
         self.place_dtype = np.int32 if num_places < 2**31 - 1 else np.int64
         self.rows = RaggedRows(num_ranks, slots_per_rank, slots_per_rank)
         self.table = np.zeros(0, dtype=self.place_dtype)  # place of each address in storage, -1 unallocated
-        # address -> request index, only for a policy that reads it (hisparse): 4 bytes per address otherwise unused
-        self.req_of = np.zeros(0, dtype=np.int32) if track_requests else None
+        # address -> request index, only for a policy that reads it (hisparse): 2-4 bytes per address otherwise unused
+        # (int16 until a request index needs more: widened then, once)
+        self.req_of = np.zeros(0, dtype=np.int16) if track_requests else None
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]
         self.requests: dict[int, Request] = {}
         self._next_index = 0
@@ -134,6 +135,8 @@ class AddressSpace:
         req.chunks.append(addrs)
         req.num_tokens += addrs.size
         if self.req_of is not None:
+            if req.index > np.iinfo(self.req_of.dtype).max:
+                self.req_of = self.req_of.astype(np.int64 if req.index > 2**31 - 2 else np.int32)
             self.req_of[self.index(addrs)] = req.index
         self.num_allocated += addrs.size
 
