@@ -57,8 +57,9 @@ class HiSparsePolicy:
         self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> LRU storage row
         self.grows = RankRows(R, self.seg, self.seg)  # GPU place -> gowner storage position
         self.lru = np.zeros((0, D), dtype=np.int32)
-        # by address storage: GPU place of a resident copy, -1 none; by GPU storage: the address held (int32 if fits)
-        self.slot_of = np.zeros(0, dtype=id_dtype(self.num_gpu_places))
+        # by address storage: slot of a resident copy within its request's region (0..D), -1 none (int16 while D
+        # fits: the place is the region's base + that slot); by GPU storage: the address held (int32 if it fits)
+        self.slot_of = np.zeros(0, dtype=np.int16 if D < 2**15 - 1 else np.int32)
         self.gowner = np.zeros(0, dtype=id_dtype(self.space.size))
         self.space.listeners.append(self._grow_space)
         self.region_of = np.full(16, -1, dtype=np.int64)  # by request index
@@ -90,7 +91,14 @@ class HiSparsePolicy:
 
     def resident_places(self, addrs: np.ndarray) -> np.ndarray:
         """GPU place of each allocated address's device-buffer copy, -1 where it has none."""
-        return self.slot_of[self.space.index(addrs)]
+        ix = self.space.index(addrs)
+        local = self.slot_of[ix].astype(np.int64)
+        base = self.region_base(self.region_of[self.space.req_of[ix]])
+        return np.where(local >= 0, base + local, -1)
+
+    def _set_resident(self, ix: np.ndarray, places: np.ndarray) -> None:
+        """Record copies at GPU places (stored as the slot within the region: place % seg % (D + 1))."""
+        self.slot_of[ix] = places % self.seg % (self.D + 1)
 
     def region_base(self, regions: np.ndarray) -> np.ndarray:
         rank = regions // self.regions_per_rank
@@ -168,19 +176,19 @@ class HiSparsePolicy:
         p_addr, p_slot = old_newest[prev], base[prev] + old_len[prev] - 1
         p_keep = np.flatnonzero(old_len[prev] - 1 < D)
         ix = space.index
-        moved_src = self.slot_of[ix(p_addr[p_keep])]
+        moved_src = self.resident_places(p_addr[p_keep])
         self.slot_of[ix(p_addr)] = -1
-        self.slot_of[ix(p_addr[p_keep])] = p_slot[p_keep]
+        self._set_resident(ix(p_addr[p_keep]), p_slot[p_keep])
         self.gowner[self._g(p_slot[p_keep])] = p_addr[p_keep]
         self.alloc_moves = (moved_src, p_slot[p_keep])  # newest slot -> LRU slot: the bytes move inside HBM
         fill = np.clip(np.minimum(old_len + cnt - 1, D) - old_len, 0, None)
         rep = np.repeat(np.arange(idx.size), fill)
         j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
         t_addr, t_slot = addrs[first[rep] + j], base[rep] + old_len[rep] + j
-        self.slot_of[ix(t_addr)] = t_slot
+        self._set_resident(ix(t_addr), t_slot)
         self.gowner[self._g(t_slot)] = t_addr
         self.newest[idx] = addrs[first + cnt - 1]
-        self.slot_of[ix(self.newest[idx])] = base + D
+        self.slot_of[ix(self.newest[idx])] = D
         self.gowner[self._g(base + D)] = self.newest[idx]
         self.hist_len[idx] = old_len + cnt
         return addrs
@@ -190,13 +198,13 @@ class HiSparsePolicy:
         be, D, space = self.be, self.D, self.space
         uniq = plan.addrs
         uix = space.index(uniq)
-        gslot = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uix)))
-        hit = gslot >= 0
+        local = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uix)))  # slot in the region, -1 none
+        hit = local >= 0
         req = space.req_of[uix].astype(np.int64)
         miss_idx = np.flatnonzero(~hit)  # flatnonzero + take: much faster than boolean-mask indexing
         miss_addrs, miss_req = uniq.take(miss_idx), req.take(miss_idx)
         plan.num_hits, plan.num_misses = int(uniq.size - miss_idx.size), int(miss_idx.size)
-        lru_hit = hit & (gslot % self.seg % (D + 1) != D) & (self.hist_len[req] > D + 1)  # fast path: no update
+        lru_hit = hit & (local != D) & (self.hist_len[req] > D + 1)  # fast path: no update
         lru_hit_idx = np.flatnonzero(lru_hit)
         miss_region = self.region_of[miss_req]
         lrow = self.regrows.index
@@ -210,7 +218,8 @@ class HiSparsePolicy:
             row_of_region[rows] = np.arange(rows.size)
             base = self.region_base(self.regrows.ids(rows))
             hitmark = np.zeros(self.gowner.size, dtype=bool)
-            hitmark[self._g(gslot.take(lru_hit_idx))] = True
+            hit_req = req.take(lru_hit_idx)
+            hitmark[self._g(self.region_base(self.region_of[hit_req]) + local.take(lru_hit_idx))] = True
             order = self.lru[rows]
             slots2d = base[:, None] + order
             H = hitmark[self._g(slots2d)]
@@ -248,7 +257,7 @@ class HiSparsePolicy:
         self.lru[st.rows] = st.new_order
         ix = self.space.index
         self.slot_of[ix(st.victims[st.victims >= 0])] = -1
-        self.slot_of[ix(st.miss_addrs)] = st.miss_slots
+        self._set_resident(ix(st.miss_addrs), st.miss_slots)
         self.gowner[self._g(st.miss_slots)] = st.miss_addrs
         self.pending_d2h[:] = 0
         self.step = plan.now
