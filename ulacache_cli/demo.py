@@ -86,7 +86,7 @@ def _demo(args: argparse.Namespace) -> int:
           ["plan", "--model", "glm-5.2", "--hardware", "h200", "--num-gpus", "8", "--gpu-kv-gb", "2.5",
            "--cpu-kv-gb", "10", "--slo-tpot-ms", str(args.slo_tpot_ms), "--attention", "tp",
            "--config", str(args.config), "--set", f"workload.trace={trace}", "--max-concurrency", "32",
-           "--requests-per-cap", "1", "--out", str(out / "plan"), "--force"])
+           "--requests-per-cap", "2", "--out", str(out / "plan"), "--force"])
 
     measured = sorted(HW_RESULTS.glob("validate*.json"))
     if measured:  # real H200 measurements committed with their provenance; never synthesised here
