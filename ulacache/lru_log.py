@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-REBUILD_FLOOR = 65536  # logged entries allowed beyond twice the occupied slots before a rebuild
+REBUILD_FLOOR = 1024  # logged entries per rank allowed beyond twice its occupied slots before a rebuild
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -89,6 +89,8 @@ class LruLog:
             q.raw.append(part)
             q.raw_stamps.append(stamp)
             q.size += part.size
+            if q.size > 2 * int(self.pool.in_use[r]) + REBUILD_FLOOR:  # memory follows the occupied slots
+                self._rebuild_rank(r)
 
     def rebuild(self) -> None:
         """The log of the pool as it is: each rank's occupied slots in (stamp, slot) order."""
