@@ -413,7 +413,9 @@ class UlaCacheSystem(System):
             b = self.with_spread(n_t * ws * self.remote_share)
         rest = bg - b * kv  # GPU pool (KV + keys) and the CPU pool's keys
         # logical slots the cap can use: its requests, each at most the workload's longest final history
-        want = math.ceil(cfg.workload["max_concurrency"] / spaces) * self.max_tokens / m
+        # (+ q: a request's history ends with its last verify tokens, as need_slots counts; + 1 per rank: TP homes
+        # water-fill the ranks, so a rank holds at most ceil(S / m) + 1 of S entries)
+        want = math.ceil(math.ceil(cfg.workload["max_concurrency"] / spaces) * (self.max_tokens + self.q) / m) + 1
         if u["gpu_pool_slots"] is not None:
             g = float(u["gpu_pool_slots"])
             c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))

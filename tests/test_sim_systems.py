@@ -168,3 +168,20 @@ def test_overflowing_batches_run_in_costed_passes(profile, monkeypatch):
     folded = sim.replay(cfg)
     assert folded["gpu_hit_rate"] == split["gpu_hit_rate"] and folded["decode_steps"] == split["decode_steps"]
     assert split["decode_time_s"] > folded["decode_time_s"]
+
+
+
+@pytest.mark.parametrize("hw", ["h200", "b300"])
+@pytest.mark.parametrize("draft", [0, 4])
+@pytest.mark.parametrize("longest", [60_001, 131_077])
+def test_tp_batch1_default_pools_hold_the_longest_request_to_its_end(hw, draft, longest):
+    """Default sizing at cap 1 under TP cuts the pools to what the cap can use; that must count the request's last
+    verify tokens and the per-rank rounding of TP homes (a rank holds at most ceil(S / m) + 1 of S entries).
+    Before: the pools held max_tokens / m per rank and the last decode steps raised CapacityError."""
+    s, cfg = _system(system="ulacache", attention="tp", hardware__preset=hw, model__preset="glm-5",
+                     cpu_storage="true", spec__draft_tokens=draft, workload__max_concurrency=1)
+    s = make_system(cfg, budget_for(cfg), MEAN_TOKENS, s.union_slots, longest)
+    cap, m = s.capacity, s.capacity.ranks_per_space
+    need = s.need_slots(longest - 100, 100)
+    assert cap.logical_tokens_per_space >= need
+    assert cap.gpu_pool_slots + cap.cpu_pool_slots >= -(-need // m) + 1

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from ulacache.errors import CapacityError
+
 # Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
 COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare_cli", "sim.sensitivity_cli", "hw.cli",
                    "reports.cli", "ulacache_cli.demo")
@@ -69,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, TypeError, KeyError, OSError, EOFError, OverflowError) as exc:
         print(f"ulacache: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except CapacityError as exc:  # admission should prevent it: one line naming the knobs, not a traceback
+        print(f"ulacache: error: {_one_line(exc)} (the pools are too small for what was admitted; raise "
+              "memory.gpu_kv_bytes_per_gpu / memory.cpu_kv_bytes_per_gpu or set ulacache.gpu_pool_slots)",
+              file=sys.stderr)
         return 2
     except MemoryError:  # the last line of defence: the estimates refuse most such runs before they start
         hint = MEMORY_HINTS.get(args.command, MEMORY_HINTS["replay"])
