@@ -243,7 +243,8 @@ def bench_gather_after_exchange(row_bytes: int, gather_sizes: list[int], *, gpus
     that the same number of other rows again (the warm control: the all-to-all microbenchmark's regime). Per point
     (slowest GPU, median over repeats): `after_s` the first gathers, `warm_s` the second, `wait_s` the event wait
     before them; per GPU too. Pools are made once for all points."""
-    from ulacache.backends.cupy_copy import HostPool, exchange_rows as exchange, gather_rows
+    from ulacache.backends.cupy_copy import HostPool, gather_rows
+    from ulacache.backends.cupy_copy import exchange_rows as exchange
     from ulacache.backends.cupy_pipeline import spin
 
     cp = cupy()

@@ -157,7 +157,7 @@ class SimConfig:
 
     @property
     def query_tokens(self) -> int:
-        return max(1, self.spec["draft_tokens"])
+        return max(1, self.spec.draft_tokens)
 
 
 def default_tree() -> dict:

@@ -90,7 +90,7 @@ class Engine:
         self.space = np.full(self.n_req, -1, np.int64)
         self.admit_s = np.full(self.n_req, np.nan)
         self.finish_s = np.full(self.n_req, np.nan)
-        self.rng = np.random.default_rng(cfg.workload["seed"] + 7919)
+        self.rng = np.random.default_rng(cfg.workload.seed + 7919)
         self.accept_p = accept_distribution(cfg.spec)
         cap = system.capacity
         self.used_tokens = np.zeros(cap.num_spaces)
@@ -140,7 +140,7 @@ class Engine:
 
     def _admit(self, waiting: list[int], running: list[int]):
         cap = self.system.capacity
-        limit = self.cfg.workload["max_concurrency"]
+        limit = self.cfg.workload.max_concurrency
         while waiting and len(running) < limit:
             i = waiting[0]
             s = self._space_for(i)
@@ -173,8 +173,8 @@ class Engine:
         running: list[int] = []
         nxt = 0
         done = 0
-        max_steps = cfg.workload["max_steps"]
-        trace_steps = cfg.output["trace_event_steps"]
+        max_steps = cfg.workload.max_steps
+        trace_steps = cfg.output.trace_event_steps
         while True:
             while nxt < self.n_req and self.arrival[nxt] <= self.env.now + 1e-12:
                 if self._fits_empty(nxt):
@@ -343,7 +343,7 @@ class Engine:
     def _links(self, b: Batch, r: int, rt: dict, rows: tuple, row_bytes: float) -> dict:
         """Management time and link bytes of one simulated group's plan on rank r (one layer). A pure function of
         the scalars below: memoized on their exact bits (idle DP ranks and repeated shapes are computed once)."""
-        sysm, costs = self.system, self.costs
+        sysm = self.system
         h2d, d2h, peer = (x[r] for x in rows)
         home_h2d = float(rows[0].sum()) if sysm.tp else 0.0
         key = np.array([b.ref_rank[r], rt["unique"], rt["misses"], b.n_rank[r], h2d, d2h, peer, home_h2d, row_bytes],

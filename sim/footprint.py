@@ -144,7 +144,7 @@ def estimate(cfg, system, requests, make_cache) -> dict:
     out = {"process_bytes": float(rss), "caches_bytes": 0.0, "tables_bytes": 0.0, "scratch_bytes": 0.0}
     q, top_k = cfg.query_tokens, cfg.model.top_k
     outputs = requests["output_tokens"].to_numpy(np.int64)
-    running = max(1, min(len(requests), cfg.workload["max_concurrency"]))
+    running = max(1, min(len(requests), cfg.workload.max_concurrency))
     steps = math.ceil(outputs.sum() / running) + int(outputs.max())
     out["timeline_bytes"] = float(steps * TIMELINE_BYTES_PER_STEP)
     if make_cache is not None:
@@ -192,12 +192,12 @@ def _largest(est: dict) -> str:
 def _knob(cfg, est: dict) -> str:
     fid = cfg.fidelity
     if not est.get("caches"):
-        return f"workload.num_requests (now {cfg.workload['num_requests']})"
-    k = max(1, int(round(1.0 / fid["request_fraction"])))
+        return f"workload.num_requests (now {cfg.workload.num_requests})"
+    k = max(1, int(round(1.0 / fid.request_fraction)))
     knobs = [f"fidelity.request_fraction (now 1/{k})"]
-    if 0 < fid["policy_groups"] < est["caches"] and fid["pilot_steps"]:
+    if 0 < fid.policy_groups < est["caches"] and fid.pilot_steps:
         knobs.insert(0, f"fidelity.pilot_steps=0 (the pilot holds all {est['caches']} groups)")
     elif est["caches"] > 1:
-        knobs.insert(0, f"fidelity.policy_groups (now {fid['policy_groups'] or 'all'} of {cfg.model.num_index_groups})")
-    knobs.append(f"workload.max_concurrency (now {cfg.workload['max_concurrency']})")
+        knobs.insert(0, f"fidelity.policy_groups (now {fid.policy_groups or 'all'} of {cfg.model.num_index_groups})")
+    knobs.append(f"workload.max_concurrency (now {cfg.workload.max_concurrency})")
     return ", ".join(knobs)

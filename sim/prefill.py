@@ -93,7 +93,7 @@ class Chunked(Untimed):
     def __init__(self, cfg, costs, system, engine):
         super().__init__(cfg, costs, system, engine)
         wl, n = cfg.workload, cfg.num_gpus
-        self.chunk_tokens = int(wl["prefill_chunk_tokens"] or default_chunk_tokens(cfg.hardware.hbm_bytes))
+        self.chunk_tokens = int(wl.prefill_chunk_tokens or default_chunk_tokens(cfg.hardware.hbm_bytes))
         spaces = system.capacity.num_spaces
         self.budget = max(1, self.chunk_tokens // spaces)  # SGLang: chunked_prefill_size // dp_size under DP attention
         self.queues = [deque() for _ in range(spaces)]  # admitted requests with prompt left, admission order
@@ -205,4 +205,4 @@ PREFILL_MODES = {"untimed": Untimed, "chunked": Chunked}
 
 
 def make_prefill(cfg, costs, system, engine) -> Untimed:
-    return PREFILL_MODES[cfg.workload["prefill"]](cfg, costs, system, engine)
+    return PREFILL_MODES[cfg.workload.prefill](cfg, costs, system, engine)

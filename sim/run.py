@@ -26,21 +26,21 @@ def load_workload(cfg: SimConfig):
     import traces
 
     wl, model = cfg.workload, cfg.model
-    if wl["trace"]:
-        trace = traces.open_trace(Path(wl["trace"]))
+    if wl.trace:
+        trace = traces.open_trace(Path(wl.trace))
         source = trace.selections
         if int(source.num_groups) != model.num_index_groups or int(source.top_k) != model.top_k:
             raise ValueError(
-                f"trace {wl['trace']} has {source.num_groups} indexer groups and top_k {source.top_k}; model "
+                f"trace {wl.trace} has {source.num_groups} indexer groups and top_k {source.top_k}; model "
                 f"{model.name} needs {model.num_index_groups} groups and top_k {model.top_k}")
         requests = trace.requests.sort_values(["arrival_s", "request_id"], kind="stable")
-        requests = requests.head(wl["num_requests"]).reset_index(drop=True)
+        requests = requests.head(wl.num_requests).reset_index(drop=True)
     else:
-        profile = traces.load_profile(wl["profile"])
-        requests = traces.generate_requests(profile, wl["num_requests"], wl["seed"])
+        profile = traces.load_profile(wl.profile)
+        requests = traces.generate_requests(profile, wl.num_requests, wl.seed)
         spec = {**profile.selections, "num_groups": model.num_index_groups, "top_k": model.top_k}
         source = traces.SyntheticSelections(traces.SelectionSpec.from_dict(spec, f"profile {profile.name}"),
-                                            seed=wl["seed"])
+                                            seed=wl.seed)
     return requests, source
 
 
@@ -64,7 +64,7 @@ def cache_factory(cfg: SimConfig, system, requests):
 
     cap = system.capacity
     bound = RunBound.of(requests["input_tokens"].to_numpy(), requests["output_tokens"].to_numpy(), cfg.query_tokens,
-                        min(len(requests), cfg.workload["max_concurrency"]), cap.logical_tokens_per_space,
+                        min(len(requests), cfg.workload.max_concurrency), cap.logical_tokens_per_space,
                         cap.num_spaces)
 
     def make(group: int, k: int):
@@ -130,7 +130,7 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
     out = {
         "system": cfg.system, "attention": cfg.attention, "policy": system.policy_label,
         "cpu_storage": bool(cfg.cpu_storage), "hardware": cfg.hardware.name,
-        "num_gpus": cfg.num_gpus, "model": cfg.model.name, "draft_tokens": cfg.spec["draft_tokens"],
+        "num_gpus": cfg.num_gpus, "model": cfg.model.name, "draft_tokens": cfg.spec.draft_tokens,
         "num_requests": int(engine.n_req), "completed_requests": int(done.sum()),
         "rejected_requests": int(st.rejected), "decode_steps": int(st.steps),
         "max_admitted_concurrency": int(st.max_concurrency),
@@ -227,7 +227,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     if recorder is not None:
         recorder.write(Path(trace_events), meta={"system": cfg.system, "attention": cfg.attention,
                                                  "steps_recorded": min(engine.state.steps,
-                                                                       cfg.output["trace_event_steps"])})
+                                                                       cfg.output.trace_event_steps)})
     return _json_safe(metrics)
 
 

@@ -97,7 +97,7 @@ def base_value(cfg, costs, key: str) -> float:
         return float(getattr(cfg.hardware, name))
     if section == "spec" and name == "accept_mean":
         q = cfg.query_tokens
-        return float(cfg.spec["accept_mean"] if cfg.spec["accept_mean"] is not None else 1 + 2 * (q - 1) / 3)
+        return float(cfg.spec.accept_mean if cfg.spec.accept_mean is not None else 1 + 2 * (q - 1) / 3)
     return float(getattr(cfg, section)[name])
 
 

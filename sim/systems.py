@@ -31,19 +31,19 @@ def budget_for(cfg: SimConfig) -> Budget:
     # TP shards all weights; DP replicates attention and shards experts (EP); + the MTP draft layer when speculating
     weights = m.weight_bytes_per_gpu(n, cfg.attention == "tp", speculative=cfg.query_tokens > 1)
     mem = cfg.memory
-    gpu = mem["gpu_kv_bytes_per_gpu"]
+    gpu = mem.gpu_kv_bytes_per_gpu
     if gpu is None:
-        gpu = hw.hbm_bytes - weights - mem["gpu_reserve_bytes"]
-    elif weights + gpu + mem["gpu_reserve_bytes"] > hw.hbm_bytes:
+        gpu = hw.hbm_bytes - weights - mem.gpu_reserve_bytes
+    elif weights + gpu + mem.gpu_reserve_bytes > hw.hbm_bytes:
         raise ValueError(f"memory.gpu_kv_bytes_per_gpu={gpu:.3g} plus weights {weights:.3g} B and reserve "
-                         f"{mem['gpu_reserve_bytes']:.3g} B exceed hardware.hbm_bytes={hw.hbm_bytes:.3g}")
+                         f"{mem.gpu_reserve_bytes:.3g} B exceed hardware.hbm_bytes={hw.hbm_bytes:.3g}")
     if gpu <= 0:
         raise ValueError(f"budget cannot hold the weights: {m.name} needs {weights / 1e9:.1f} GB per GPU on "
                          f"{n} GPUs under {cfg.attention} attention, hardware.hbm_bytes={hw.hbm_bytes / 1e9:.1f} GB, "
-                         f"reserve {mem['gpu_reserve_bytes'] / 1e9:.1f} GB")
-    cpu = mem["cpu_kv_bytes_per_gpu"]
+                         f"reserve {mem.gpu_reserve_bytes / 1e9:.1f} GB")
+    cpu = mem.cpu_kv_bytes_per_gpu
     if cpu is None:
-        cpu = hw.host_memory_bytes * mem["host_kv_fraction"] / n
+        cpu = hw.host_memory_bytes * mem.host_kv_fraction / n
     return Budget(float(gpu), float(cpu), float(weights))
 
 
@@ -254,7 +254,7 @@ class HiSparse(System):
     def size(self) -> Capacity:
         h = self.cfg.hisparse
         spaces, ranks = self.spaces()
-        ratio = h["host_to_device_ratio"]
+        ratio = h.host_to_device_ratio
         bg, host = self.budget.gpu_kv_bytes_per_gpu, self.budget.cpu_kv_bytes_per_gpu / self.kv_tok
         # the index buffer covers the logical pool: ratio x device slots, or the host pool when that is smaller
         # (then the GPU bytes the index keys would have taken beyond it go to the device pool)
@@ -262,12 +262,12 @@ class HiSparse(System):
         if ratio * device > host:
             device = (bg - host * self.ix_tok) / self.kv_tok
         logical = min(ratio * device, host)
-        per_request = h["device_buffer_slots"] + h["page_slots"]
-        max_running = h["max_running_requests"] or INF
+        per_request = h.device_buffer_slots + h.page_slots
+        max_running = h.max_running_requests or INF
         return Capacity(spaces, ranks, logical, reserve_slots_per_request=per_request,
                         reserve_capacity_per_space=device, max_requests_per_space=max_running,
                         history_copies=ranks, gpu_pool_slots=int(device), cpu_pool_slots=int(logical),
-                        device_buffer_slots=h["device_buffer_slots"], static_index_slots_per_rank=logical,
+                        device_buffer_slots=h.device_buffer_slots, static_index_slots_per_rank=logical,
                         notes={"device_tokens_per_rank": device, "logical_tokens_per_rank": logical})
 
     def index_key_bytes(self, unique_tokens: float) -> float:
@@ -313,7 +313,7 @@ class HiSparse(System):
         cpu = min(cpu, bound.slots(k) + 64)
         return CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
                            device_buffer_slots=buf, row_bytes=cfg.model.kv_bytes_per_token_layer,
-                           seed=cfg.workload["seed"])
+                           seed=cfg.workload.seed)
 
 
 class UlaCacheSystem(System):
@@ -400,14 +400,14 @@ class UlaCacheSystem(System):
         ws = min(self.union_slots, self.mean_tokens)
         if not self.tp:
             b = 0.0
-        elif u["local_buffer_slots"] is not None:
-            b = float(u["local_buffer_slots"])
-        elif u["local_buffer_fraction"] is not None:
-            b = u["local_buffer_fraction"] * bg / kv
+        elif u.local_buffer_slots is not None:
+            b = float(u.local_buffer_slots)
+        elif u.local_buffer_fraction is not None:
+            b = u.local_buffer_fraction * bg / kv
         else:
             b = None  # the default rule: sized with the concurrency below
         n_fit = self.no_split_concurrency(b)
-        n_t = max(1.0, min(n_fit, math.ceil(cfg.workload["max_concurrency"] / spaces)))
+        n_t = max(1.0, min(n_fit, math.ceil(cfg.workload.max_concurrency / spaces)))
         default_buffer = b is None and self.tp
         if b is None:
             b = self.with_spread(n_t * ws * self.remote_share)
@@ -415,9 +415,9 @@ class UlaCacheSystem(System):
         # logical slots the cap can use: its requests, each at most the workload's longest final history
         # (+ q: a request's history ends with its last verify tokens, as need_slots counts; + 1 per rank: TP homes
         # water-fill the ranks, so a rank holds at most ceil(S / m) + 1 of S entries)
-        want = math.ceil(math.ceil(cfg.workload["max_concurrency"] / spaces) * (self.max_tokens + self.q) / m) + 1
-        if u["gpu_pool_slots"] is not None:
-            g = float(u["gpu_pool_slots"])
+        want = math.ceil(math.ceil(cfg.workload.max_concurrency / spaces) * (self.max_tokens + self.q) / m) + 1
+        if u.gpu_pool_slots is not None:
+            g = float(u.gpu_pool_slots)
             c = min(self.host_slots, max(0.0, (rest - g * (kv + ix)) / ix), max(0.0, want - g))
         else:
             floor = self.with_spread(n_t * ws / m)  # one step's home working set before CPU slots get keys
@@ -482,9 +482,9 @@ class UlaCacheSystem(System):
         if self.tp:
             local = min(local, state + 64)  # copies of other ranks' entries: never more than the whole state
         return CacheConfig(mode="tp" if self.tp else "dp", num_ranks=self.n, gpu_slots=gpu, cpu_slots=cpu,
-                           policy=cfg.policy, num_recent_buckets=cfg.ulacache["num_recent_buckets"],
+                           policy=cfg.policy, num_recent_buckets=cfg.ulacache.num_recent_buckets,
                            local_buffer_slots=local, row_bytes=cfg.model.kv_bytes_per_token_layer,
-                           seed=cfg.workload["seed"])
+                           seed=cfg.workload.seed)
 
 
 SYSTEMS: dict[str, type[System]] = {"sglang": SGLang, "hisparse": HiSparse, "ulacache": UlaCacheSystem}

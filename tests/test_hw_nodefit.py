@@ -103,8 +103,8 @@ def test_simulator_node_chains_the_term_on_fetches_after_promotion():
 
 def _run(ranks: int, steps: int = 6):
     """A stored-validation-shaped run whose measured times are the committed model's prediction x 1.25."""
-    from hw.validate import load_costs, predict_s
     from hw.repredict import _Plan
+    from hw.validate import load_costs, predict_s
 
     costs, node = load_costs(CAL)
     per_step = []
