@@ -170,13 +170,20 @@ def _fmt(v, digits=0):
     return f"{v:,.{digits}f}"
 
 
+def _commits(data: dict) -> str:
+    """The call's commit, and those of records that earlier calls made."""
+    main = data.get("meta", {}).get("commit", "?")
+    extra = sorted({r.get("commit", "") for r in data.get("records", {}).values()} - {"", main})
+    return main + (f"; some records from {', '.join(extra)}" if extra else "")
+
+
 def _cap(cap) -> str:
     return "" if cap is None else f" ({cap})"
 
 
 def markdown(data: dict) -> str:
     meta = data.get("meta", {})
-    lines = [f"# Paper configs: {meta.get('label', '?')} (tree commit {meta.get('commit', '?')})", "",
+    lines = [f"# Paper configs: {meta.get('label', '?')} (tree commit {_commits(data)})", "",
              f"{meta.get('date', '?')} · `{meta.get('command', '?')}` · {meta.get('machine', {})}", "",
              meta.get("definitions", ""), "",
              "| hw | attn | spec | system | peak decode tok/s (cap) | peak tail tok/s (cap) | batch-1 TPOT ms "
@@ -201,7 +208,7 @@ def markdown(data: dict) -> str:
 def compare_markdown(a: dict, b: dict) -> str:
     """Two tables side by side: each cell `a → b`."""
     la, lb = a.get("meta", {}).get("label", "a"), b.get("meta", {}).get("label", "b")
-    ca, cb = a.get("meta", {}).get("commit", "?"), b.get("meta", {}).get("commit", "?")
+    ca, cb = _commits(a), _commits(b)
     rows_b = {(r["hardware"], r["attention"], r["spec"], r["system"]): r for r in table_rows(b["records"])}
     lines = [f"# Paper configs: {la} ({ca}) → {lb} ({cb})", "",
              f"{la}: {a.get('meta', {}).get('definitions', '')}", "",
@@ -382,6 +389,7 @@ def main(argv=None) -> int:
     print(f"{len(runs)} runs to do in {tree} ({args.jobs} at once, {args.mem_budget_gb:.0f} GB)", flush=True)
 
     def on_record(key: str, rec: dict) -> None:
+        rec["commit"] = data["meta"]["commit"]  # records of earlier calls may come from other commits
         data["records"][key] = rec
         save(path, data)
         m = rec.get("metrics", {})
