@@ -116,3 +116,17 @@ def test_torch_backend_on_cpu_gives_the_numpy_plans(policy, mode, ranks):
         c.check_invariants()
         results.append((out, [x.tolist() for x in c.locate(addrs.ravel())], c.read(addrs.ravel()).tolist()))
     assert results[0] == results[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.sampled_from([1, 4, 64, 65, 10**6]), st.data())
+def test_lru_select_counting_equals_partition(nseg, span, data):
+    """The counting path (stamp range within a segment) and the partition path (any range) select the same slots."""
+    seg = 64 * data.draw(st.integers(1, 3))
+    n = nseg * seg
+    stamps = np.array(data.draw(st.lists(st.integers(-1, span), min_size=n, max_size=n)), dtype=np.int64)
+    eligible = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    counts = np.array(data.draw(st.lists(st.integers(0, seg + 2), min_size=nseg, max_size=nseg)), dtype=np.int64)
+    slots, found = be.lru_select(stamps, eligible, seg, counts)
+    ref, ref_found = be._lru_select_sorted(stamps, eligible, seg, counts)
+    assert slots.tolist() == ref.tolist() and found.tolist() == ref_found.tolist()

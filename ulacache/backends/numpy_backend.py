@@ -106,6 +106,41 @@ class NumpyBackend:
         return slots.take(np.flatnonzero(rank_in_seg < counts[sseg])).astype(np.int64, copy=False), found
 
     def lru_select(self, stamps, eligible, seg_slots, counts):
+        # Stamps are steps: a segment's stamps span few values. While their range fits in the segment, one counting
+        # pass finds the threshold stamp t (the counts[r]-th smallest eligible stamp); the victims are the eligible
+        # slots below t in (stamp, slot) order, then the lowest eligible slots at t -- no partition of the segment.
+        counts = np.asarray(counts, dtype=np.int64)
+        out, found = [], np.zeros(counts.size, dtype=np.int64)
+        for r, k in enumerate(counts.tolist()):  # loop over ranks (segments), not over slots
+            if k <= 0:
+                continue
+            lo = r * seg_slots
+            s, e = stamps[lo:lo + seg_slots], eligible[lo:lo + seg_slots]
+            low = int(s.min()) if s.size else 0
+            span = int(s.max()) - low + 1 if s.size else 1
+            if span > s.size or span >= 2**31 - 1:
+                got, _ = self._lru_select_sorted(s, e, s.size, counts[r:r + 1])
+                out.append(got + lo)
+                found[r] = got.size
+                continue
+            v = s.astype(np.int32)  # a segment at a time: arrays stay in cache
+            v -= low
+            np.copyto(v, span, where=~e)  # ineligible: one bin past the stamps
+            cum = np.cumsum(np.bincount(v, minlength=span + 1)[:span])
+            t = int(np.searchsorted(cum, k))  # first stamp bin reaching k eligible slots (span: fewer in all)
+            below = np.flatnonzero(v < t)  # slot order; every eligible slot when t == span
+            if t > 1 and below.size > 1:
+                below = below.take(np.argsort(v.take(below), kind="stable"))  # (stamp, slot) order
+            if t < span:
+                below = np.concatenate([below, np.flatnonzero(v == t)[:k - below.size]])
+            out.append(below + lo)
+            found[r] = below.size
+        slots = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        return slots.astype(np.int64, copy=False), found
+
+    @staticmethod
+    def _lru_select_sorted(stamps, eligible, seg_slots, counts):
+        """lru_select by partitioning (stamp, slot) keys: any stamp range."""
         counts = np.asarray(counts, dtype=np.int64)
         out, found = [], np.zeros(counts.size, dtype=np.int64)
         for r, k in enumerate(counts.tolist()):  # loop over ranks (segments), not over slots
