@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 _TRIM_FACTOR = 4  # select_first trims its candidate words to each segment's first counts[r] when that cuts this much
+_BIN_PASSES = 4  # lru_select counts the oldest stamps one pass each up to this many, then all at once
 _BIT = (np.uint8(1) << np.arange(8, dtype=np.uint8)).astype(np.uint8)
 
 
@@ -106,9 +107,10 @@ class NumpyBackend:
         return slots.take(np.flatnonzero(rank_in_seg < counts[sseg])).astype(np.int64, copy=False), found
 
     def lru_select(self, stamps, eligible, seg_slots, counts):
-        # Stamps are steps: a segment's stamps span few values. While their range fits in the segment, one counting
-        # pass finds the threshold stamp t (the counts[r]-th smallest eligible stamp); the victims are the eligible
-        # slots below t in (stamp, slot) order, then the lowest eligible slots at t -- no partition of the segment.
+        # Stamps are steps: a segment's stamps span few values and the victims carry the oldest. While the span fits
+        # in the segment, the threshold bin t (the stamp of the counts[r]-th victim) is found by counting the oldest
+        # bins (one pass each, then one bincount); the victims are the eligible slots below t in (stamp, slot) order,
+        # then the lowest eligible slots at t: no partition of (stamp, slot) keys (_lru_select_sorted, any span).
         counts = np.asarray(counts, dtype=np.int64)
         out, found = [], np.zeros(counts.size, dtype=np.int64)
         for r, k in enumerate(counts.tolist()):  # loop over ranks (segments), not over slots
@@ -116,22 +118,36 @@ class NumpyBackend:
                 continue
             lo = r * seg_slots
             s, e = stamps[lo:lo + seg_slots], eligible[lo:lo + seg_slots]
-            low = int(s.min()) if s.size else 0
-            span = int(s.max()) - low + 1 if s.size else 1
-            if span > s.size or span >= 2**31 - 1:
+            if s.size == 0:
+                continue
+            low, high = int(s.min()), int(s.max())
+            span = high - low + 1
+            if span > s.size or low <= -2**31 or high >= 2**31 - 1:
                 got, _ = self._lru_select_sorted(s, e, s.size, counts[r:r + 1])
                 out.append(got + lo)
                 found[r] = got.size
                 continue
-            v = s.astype(np.int32)  # a segment at a time: arrays stay in cache
-            v -= low
-            np.copyto(v, span, where=~e)  # ineligible: one bin past the stamps
-            cum = np.cumsum(np.bincount(v, minlength=span + 1)[:span])
-            t = int(np.searchsorted(cum, k))  # first stamp bin reaching k eligible slots (span: fewer in all)
-            below = np.flatnonzero(v < t)  # slot order; every eligible slot when t == span
-            if t > 1 and below.size > 1:
-                below = below.take(np.argsort(v.take(below), kind="stable"))  # (stamp, slot) order
-            if t < span:
+            v = s.astype(np.int32)  # bin of each slot: 1 + stamp - low, 0 where ineligible (a segment at a time)
+            v -= low - 1
+            np.multiply(v, e, out=v)
+            cum, t = 0, 1  # cum: eligible slots in bins below t
+            while t <= span:
+                if t > _BIN_PASSES:  # many bins to read: count them all at once
+                    upto = np.cumsum(np.bincount(v, minlength=span + 1)[1:])  # eligible in bins 1..j
+                    t = int(np.searchsorted(upto, k)) + 1  # span + 1: fewer than k eligible in all
+                    cum = int(upto[t - 2]) if t >= 2 else 0
+                    break
+                n = int(np.count_nonzero(v == t))
+                if cum + n >= k:
+                    break
+                cum, t = cum + n, t + 1
+            if t > 1:  # every eligible slot below bin t: (v - 1) wraps to huge for ineligible slots
+                below = np.flatnonzero((v - 1).view(np.uint32) < t - 1)
+                if t > 2 and below.size > 1:
+                    below = below.take(np.argsort(v.take(below), kind="stable"))  # (stamp, slot) order
+            else:
+                below = np.zeros(0, dtype=np.int64)
+            if t <= span:
                 below = np.concatenate([below, np.flatnonzero(v == t)[:k - below.size]])
             out.append(below + lo)
             found[r] = below.size
