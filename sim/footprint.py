@@ -155,14 +155,14 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         max_len = int(bound.totals[0])
         best = 0.0
         for n_caches, k in phases:
-            fixed, fill = probe_cache(make_cache, k, bound.cache_entries(k), bound.slots(k))
+            fixed, fill = probe_cache(make_cache, k, bound.cache_entries(k), bound.balanced_slots(k))
             caches = n_caches * (fixed + GROWTH * fill)
             rows = max(4, bound.cache_requests(k))
             tables = n_caches * rows * max_len * 4.0
             if caches + tables > best:
                 best = caches + tables
                 out["caches_bytes"], out["tables_bytes"] = caches, tables
-                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.slots(k), k
+                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.balanced_slots(k), k
                 out["probe_fixed_bytes"], out["probe_history_bytes"] = fixed, fill
         refs = bound.cache_requests(phases[-1][1]) * q * top_k
         out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF

@@ -7,9 +7,12 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   nearest each band's mean is simulated from then on and stands for its band (per-reference ratios copied). With
   `pilot_steps: 0` the bands are cut up front on the generator's per-group target overlap, or, for captured
   selections, the leading shallow groups are kept apart and the rest is cut by index.
-- `request_fraction`: per admission space, a request is simulated when fewer than ceil(running / k) of the space's
-  running requests are (k = round(1 / fraction)), so the simulated share stays ~1/k at every step; pools are scaled
-  by the same fraction (+ two whole requests of slack in the logical CPU tier, none on the GPU).
+- `request_fraction`: per admission space, a request is simulated when fewer than max(1, round(running / s)) of the
+  space's running requests are, s = `RunBound.stride(k)` (k = round(1 / fraction)): the share of its steady running
+  requests a space can simulate with at least one sampled (s = k while a space runs many times k; under DP with few
+  requests per rank, s = what one per rank is). Pools are scaled by the same 1/s (+ two whole requests of slack in
+  the logical CPU tier, none on the GPU), so a simulated request sees the full system's pool slots per request;
+  scaling by 1/k while the floor kept one request per space doubled (pilot: up to 8x) the pressure.
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
 - The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_ENTRIES` (history entries and GPU
   copies the caches may hold, sim/footprint.entries_held: a count of what is simulated, not the library's bytes, so
@@ -195,6 +198,8 @@ class PolicyRunner:
         self.make_cache = make_cache
         phases = self.phases(cfg, getattr(make_cache, "bound", None), make_cache)
         self.k, self.main_k = phases[0][1], phases[-1][1]
+        self.bound = getattr(make_cache, "bound", None)
+        self.ks = self._stride(self.k)
         self.stride = cfg.fidelity["step_stride"]
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
         self.tables = {g: self._table(self.caches[g]) for g in self.groups}
@@ -211,6 +216,7 @@ class PolicyRunner:
         # counts it as D2H rows of the next plan; we take it out of the decode step and report it apart.
         self.prompt_cpu_rows: dict[int, np.ndarray] = {}
         self.prompt_rows = 0.0
+        self.prompt_rows_own = 0.0
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -241,10 +247,14 @@ class PolicyRunner:
             cost = lambda kk: num_groups * entries_held(config(kk), bound, kk)  # noqa: E731
         else:
             cost = lambda kk: num_groups * bound.cache_entries(kk)  # noqa: E731
-        limit = PILOT_MAX_ENTRIES
-        while cost(pilot_k) > limit and bound.requests(pilot_k) > 1:
+        limit = PILOT_MAX_ENTRIES  # coarser only while that samples fewer (each space keeps one)
+        while cost(pilot_k) > limit and bound.stride(pilot_k) < bound.running_per_space():
             pilot_k += k
         return [(num_groups, pilot_k), (want, k)]
+
+    def _stride(self, k: int) -> float:
+        """The effective stride pools are scaled by at nominal stride k (`RunBound.stride`; k without a bound)."""
+        return float(k) if self.bound is None else self.bound.stride(k)
 
     def _table(self, cache) -> AddressTable:
         size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
@@ -253,9 +263,10 @@ class PolicyRunner:
     # ---- request lifecycle
     def admit(self, rid: int, space: int, rank: int, num_tokens: int, running_in_space: int,
               count_prompt: bool = True) -> bool:
-        """Simulate this request if the space's simulated share would fall below 1/k of its running requests."""
+        """Simulate this request if the space simulates fewer than max(1, round(running / stride)) of its running
+        requests: the share its pools were scaled by (`RunBound.stride`), at least one per space."""
         count = self.sampled_per_space.get(space, 0)
-        if count >= math.ceil(running_in_space / self.k):
+        if count >= max(1, math.floor(running_in_space / self.ks + 0.5)):
             return False
         self.sampled_per_space[space] = count + 1
         self.space_of[rid] = space
@@ -268,7 +279,8 @@ class PolicyRunner:
             cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
             self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
             if g == self.groups[0] and count_prompt:
-                self.prompt_rows += float(cpu.sum()) * self.k  # one layer's rows, scaled to all requests
+                self.prompt_rows += float(cpu.sum()) * self.ks  # one layer's rows, scaled to all requests
+                self.prompt_rows_own += float(cpu.sum())  # the sampled requests' own (the prefill shares it out)
         return True
 
     def grow(self, rids: list[int], counts: np.ndarray):
@@ -366,6 +378,7 @@ class PolicyRunner:
         """After a coarse-sampled pilot: fresh caches at stride k for the representatives, the running requests
         re-admitted in admission order with their current history (not counted again as prompt loads)."""
         self.k = self.main_k
+        self.ks = self._stride(self.k)
         self.caches = self.tables = {}  # the pilot's caches go before the new ones are built
         release_memory()
         self.caches = {g: self.make_cache(g, self.k) for g in self.groups}

@@ -70,16 +70,16 @@ class Untimed:
 
     def _placed_cpu_tokens(self, i: int, space: int) -> float:
         """Prompt tokens of request i the policy's library placed in its CPU tier at admission: a sampled request's
-        own placement (the runner's `prompt_rows` grew by it, scaled by the stride); an unsampled one takes the share
+        own placement (the runner's `prompt_rows_own` grew by it); an unsampled one takes the share
         of the last sampled request of its space (it stands for the requests admitted there until the next sampled
         one: placement fills the GPU pool first, so the share moves with time, not with the request)."""
         r = self.runner
         if r is None:
             return 0.0
-        rows, self._rows_seen = r.prompt_rows - self._rows_seen, r.prompt_rows
+        rows, self._rows_seen = r.prompt_rows_own - self._rows_seen, r.prompt_rows_own
         n = float(self.inp[i])
         if int(self.rid[i]) in r.sampled:
-            own = rows / r.k
+            own = rows
             self._cpu_share[space] = own / n
             return own
         return n * self._cpu_share.get(space, 0.0)

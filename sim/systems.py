@@ -85,21 +85,47 @@ class RunBound:
         totals = np.sort(np.asarray(inp, np.int64) + np.asarray(out, np.int64) + q)[::-1]
         return cls(totals, int(min(len(totals), max_running)), float(logical_slots), int(num_spaces))
 
+    def running_per_space(self) -> float:
+        """Requests one space runs in the steady state: the cap shared by the spaces (DP admission balances the
+        ranks), at most what its logical slots hold at the mean request, at least one."""
+        share = self.max_running / self.num_spaces
+        mean = float(self.totals[:self.max_running].mean())
+        return max(1.0, min(share, self.logical_slots / max(mean, 1.0)))
+
+    def stride(self, k: int = 1) -> float:
+        """Effective request stride at nominal stride k: each space simulates round(running / k) of its requests but
+        at least one, so the share it simulates is 1 / stride, not 1 / k, once k nears the requests it runs. Pools
+        of a sampled cache are scaled by this stride (`System.cache_config`) and the runner samples by it, so a
+        simulated request sees the full system's pool slots per request."""
+        if k <= 1:
+            return 1.0
+        n = self.running_per_space()
+        return n / max(1, math.floor(n / k + 0.5))
+
     def cache_entries(self, k: int = 1) -> int:
         """History entries one cache (all spaces: every rank under DP) holds at most at stride k."""
-        return int(min(self.totals[:self.max_running].sum(), self.num_spaces * self.slots(k)))
+        return int(min(self.totals[:self.cache_requests(k)].sum(), self.num_spaces * self.slots(k)))
 
     def cache_requests(self, k: int = 1) -> int:
-        """Simulated requests one cache holds at most at stride k (each space samples at least one)."""
-        return int(min(self.max_running, self.num_spaces * self.requests(k)))
+        """Simulated requests one cache holds at stride k: each space samples max(1, round(n / stride)) of its n
+        running, n near `running_per_space` (admission balances the spaces' tokens), + one for the imbalance."""
+        per_space = max(1, math.floor(self.running_per_space() / self.stride(k) + 0.5))
+        return int(min(self.max_running, self.num_spaces * self.requests(k), self.num_spaces * per_space + 1))
 
     def slots(self, k: int = 1) -> int:
-        """History slots the requests simulated at stride k can hold at once: the ceil(running / k) largest."""
-        n = math.ceil(self.max_running / k)
-        return int(min(self.totals[:n].sum(), math.ceil(self.logical_slots)))
+        """History slots one space's requests simulated at stride k can hold at once: the `requests(k)` largest."""
+        return int(min(self.totals[:self.requests(k)].sum(), math.ceil(self.logical_slots)))
+
+    def balanced_slots(self, k: int = 1) -> int:
+        """History slots one space's simulated requests hold in practice: admission puts each request in the space
+        with the most free slots, so a space holds at most the spaces' mean share + one request, of which it
+        simulates 1/stride + one request (at most `slots(k)`). For memory estimates, never for cutting pools."""
+        share = self.totals[:self.max_running].sum() / self.num_spaces + self.totals[0]
+        return int(min(self.slots(k), math.ceil(share / self.stride(k)) + self.totals[0]))
 
     def requests(self, k: int = 1) -> int:
-        return math.ceil(self.max_running / k)
+        """Simulated requests one space holds at most at stride k (all `max_running` in it: round(n / stride), >= 1)."""
+        return max(1, math.floor(self.max_running / self.stride(k) + 0.5))
 
     @property
     def max_request_slots(self) -> int:
@@ -228,8 +254,9 @@ class System:
         return None
 
     @staticmethod
-    def _scaled(slots: float, k: int, slack: float) -> int:
-        return int(np.ceil(slots / k + (slack if k > 1 else 0)))
+    def _scaled(slots: float, stride: float, slack: float) -> int:
+        """Pool slots for 1/stride of the requests (`RunBound.stride`), + slack when sampled."""
+        return int(np.ceil(slots / stride + (slack if stride > 1 else 0)))
 
 
 class SGLang(System):
@@ -306,9 +333,9 @@ class HiSparse(System):
         cap, cfg = self.capacity, self.cfg
         buf = cap.device_buffer_slots
         ranks = 1 if self.tp else self.n  # TP replicates: every rank holds the same state
-        big = bound.max_request_slots
-        gpu = max(self._scaled(cap.gpu_pool_slots, k, buf + 1), buf + 1)
-        cpu = max(self._scaled(cap.cpu_pool_slots, k, 2 * big), 1)
+        big, ks = bound.max_request_slots, bound.stride(k)
+        gpu = max(self._scaled(cap.gpu_pool_slots, ks, buf + 1), buf + 1)
+        cpu = max(self._scaled(cap.cpu_pool_slots, ks, 2 * big), 1)
         gpu = min(gpu, max(bound.requests(k), 1) * (buf + 1))  # one device buffer per running request at most
         cpu = min(cpu, bound.slots(k) + 64)
         return CacheConfig(mode="dp", num_ranks=ranks, gpu_slots=gpu, cpu_slots=cpu, policy="hisparse",
@@ -470,10 +497,11 @@ class UlaCacheSystem(System):
         ws = cap.notes["union_slots_per_request"]
         gpu_slack = 0 if cfg.cpu_storage else 2 * big / m  # GPU slack would raise hit rates
         # at least one request's working set (what a split access batch needs; only binds for coarse samples)
-        gpu = max(self._scaled(cap.gpu_pool_slots, k, gpu_slack), min(cfg.query_tokens * cfg.model.top_k,
-                                                                        bound.max_request_slots), 64)
-        cpu = self._scaled(cap.cpu_pool_slots, k, 2 * big / m) if cfg.cpu_storage else 0
-        local = (self._scaled(cap.local_buffer_slots, k, ws) or gpu) if self.tp else 0  # 0 = the library's default
+        ks = bound.stride(k)  # the share of each space's requests simulated (>= 1 per space), not 1/k
+        gpu = max(self._scaled(cap.gpu_pool_slots, ks, gpu_slack), min(cfg.query_tokens * cfg.model.top_k,
+                                                                         bound.max_request_slots), 64)
+        cpu = self._scaled(cap.cpu_pool_slots, ks, 2 * big / m) if cfg.cpu_storage else 0
+        local = (self._scaled(cap.local_buffer_slots, ks, ws) or gpu) if self.tp else 0  # 0 = the library's default
         state = bound.slots(k)
         per_rank = state if not self.tp else math.ceil(state / m)
         if gpu > per_rank + 64:
