@@ -18,7 +18,8 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   copies the caches may hold, sim/footprint.entries_held: a count of what is simulated, not the library's bytes, so
   a change of the library's memory layout never changes a result), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
   representatives' caches are rebuilt at stride k with the running requests re-admitted (their history placed as
-  at admission, GPU-first). Memory then follows the simulated groups, not all groups.
+  at admission, GPU-first) and warmed up by replaying the pilot's steps on them, uncounted. Memory then follows the
+  simulated groups, not all groups.
 An access batch whose working set does not fit at once (CapacityError: the GPU pool, or under TP a rank's local
 buffer) is served in halves, recursively; `passes` reports the sub-batches, which the engine times as extra passes.
 What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link, and `passes`. The engine turns them
@@ -217,6 +218,7 @@ class PolicyRunner:
         self.prompt_cpu_rows: dict[int, np.ndarray] = {}
         self.prompt_rows = 0.0
         self.prompt_rows_own = 0.0
+        self.pilot_log: list[tuple] = []  # (rids, hist, steps, q) of the pilot's steps, when it runs coarser
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -331,6 +333,8 @@ class PolicyRunner:
             ref_rank[:] = per_req_refs.sum()
         else:
             np.add.at(ref_rank, ranks, per_req_refs)
+        if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
+            self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         out = {}
         for g in self.groups:
             sel = self.source.select(np.asarray(sids, dtype=np.int64), s_hist, s_steps, g, q)
@@ -376,7 +380,9 @@ class PolicyRunner:
 
     def _resample(self, rids: list[int], hist: np.ndarray, spaces, ranks):
         """After a coarse-sampled pilot: fresh caches at stride k for the representatives, the running requests
-        re-admitted in admission order with their current history (not counted again as prompt loads)."""
+        re-admitted in admission order with their current history (not counted again as prompt loads), then the
+        pilot's steps replayed on them uncounted: they continue warm, as the full system's caches do, instead of
+        starting cold mid-run (1.8 points of GPU hit rate lost at 40 steps, TP h200 x 8, 64 running)."""
         self.k = self.main_k
         self.ks = self._stride(self.k)
         self.caches = self.tables = {}  # the pilot's caches go before the new ones are built
@@ -390,6 +396,24 @@ class PolicyRunner:
                                 np.asarray(ranks).tolist()):
             running[s] = running.get(s, 0) + 1
             self.admit(int(rid), int(s), int(r), int(h), running[s], count_prompt=False)
+        self._warm_up()
+
+    def _warm_up(self):
+        """Replay the pilot's steps (the requests sampled now that ran then) on the rebuilt caches, uncounted."""
+        num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
+        splits = self.capacity_splits
+        for rids, hist, steps, q in self.pilot_log:
+            idx = [i for i, r in enumerate(rids) if r in self.sampled]
+            if not idx:
+                continue
+            sids = [rids[i] for i in idx]
+            for g in self.groups:
+                sel = self.source.select(np.asarray(sids, dtype=np.int64), hist[idx], steps[idx], g, q)
+                addrs = self.tables[g].lookup(sids, sel)
+                for lo in range(0, q, self.query_chunk):
+                    self._access(self.caches[g], addrs[:, lo:lo + self.query_chunk], num_ranks)
+        self.capacity_splits, self.pilot_log = splits, []
+        self.prompt_cpu_rows = {}  # the placement's D2H went to the warm-up's plans
 
     def _access(self, cache, addrs: np.ndarray, num_ranks: int) -> dict:
         from ulacache import CapacityError
