@@ -1,0 +1,90 @@
+"""The pinned-keys ulacache TP replay (DESIGN §8 keys, 8xH200 TP, glm-5, pb-lru, CPU storage, 24 requests) before and
+after a change to the TP local buffers' victim selection: CPU-s of each (child rusage), and whether every metric that
+does not measure the host (wall clock, resident memory) is identical.
+
+Usage: python bench/tplru_bench.py --before-tree DIR [--after-tree DIR] [--out bench/results/tplru.json]
+Each tree is a checkout of this repository (imported through PYTHONPATH); the replays run one after the other, each
+in a fresh interpreter under a 6 GB address-space cap.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = """system: ulacache
+attention: tp
+hardware: {preset: h200, num_gpus: 8}
+model: {preset: glm-5}
+policy: pb-lru
+cpu_storage: true
+spec: {draft_tokens: 0}
+workload: {num_requests: 24, max_concurrency: 24, seed: 1}
+"""
+HOST_METRICS = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "est_peak_memory_bytes",
+                "peak_rss_bytes"}  # measure this machine, not the simulation
+AS_LIMIT_BYTES = 6_000_000_000
+
+
+def _cap() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT_BYTES, AS_LIMIT_BYTES))
+
+
+def replay(tree: Path, config: Path, out: Path) -> dict:
+    """One replay of `config` with the code of `tree`: CPU-s (user + sys of the child), wall, load, metrics."""
+    cmd = [sys.executable, "-c", "import sys; from ulacache_cli.main import main; sys.exit(main())", "replay", str(config), "--out",
+           str(out), "--quiet"]
+    load = os.getloadavg()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, preexec_fn=_cap,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    metrics = json.loads((out / "metrics.json").read_text()) if proc.returncode == 0 else {}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
+    return {"tree_commit": commit, "status": proc.returncode, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+            "load_avg_before": load, "load_avg_after": os.getloadavg(), "peak_rss_kb": after.ru_maxrss,
+            "stderr_tail": proc.stderr.strip().splitlines()[-1:], "metrics": metrics}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before-tree", type=Path, required=True)
+    ap.add_argument("--after-tree", type=Path, default=ROOT)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tplru.json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "pinned_tp.yaml"
+        config.write_text(CONFIG)
+        runs = {name: replay(tree.resolve(), config, Path(tmp) / name)
+                for name, tree in (("before", args.before_tree), ("after", args.after_tree))}
+    sim_metrics = [{k: v for k, v in r["metrics"].items() if k not in HOST_METRICS} for r in runs.values()]
+    same = bool(sim_metrics[0]) and sim_metrics[0] == sim_metrics[1]
+    diff = sorted(k for k in set(sim_metrics[0]) | set(sim_metrics[1]) if sim_metrics[0].get(k) != sim_metrics[1].get(k))
+    for r in runs.values():
+        r["metrics"] = {k: r["metrics"].get(k) for k in ("decode_steps", "gpu_hit_rate", "tpot_ms_mean", "max_admitted_concurrency")
+                        if k in r["metrics"]}
+    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join([Path(sys.executable).name, *sys.argv]), "config": CONFIG,
+              "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+              "runs": runs, "metrics_identical": same, "metrics_differing": diff,
+              "ignored_host_metrics": sorted(HOST_METRICS)}
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"before {runs['before']['cpu_s']} CPU-s -> after {runs['after']['cpu_s']} CPU-s; "
+          f"metrics identical: {same} {diff if diff else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
