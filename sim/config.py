@@ -9,7 +9,6 @@ import copy
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,21 +94,11 @@ _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "opt_int": int |
           "opt_str": str | None, "list_float": tuple[float, ...] | None}
 
 
-class _Section(Mapping):
-    """Base of the typed sections: read as `cfg.workload.seed`; `cfg.workload["seed"]` (and `dict(...)`, `.get`)
-    stay for callers not yet migrated (sim/engine.py, systems.py, run.py, policy.py, footprint.py, sensitivity.py);
-    a follow-up moves them to attributes and drops the Mapping base."""
+class _Section:
+    """Base of the typed sections: read as `cfg.workload.seed` (attributes only; `as_dict()` for a plain copy)."""
 
-    def __getitem__(self, key: str):
-        if key not in self.__dataclass_fields__:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self):
-        return iter(self.__dataclass_fields__)
-
-    def __len__(self) -> int:
-        return len(self.__dataclass_fields__)
+    def as_dict(self) -> dict:
+        return {key: getattr(self, key) for key in self.__dataclass_fields__}
 
 
 def _section_class(name: str) -> type:

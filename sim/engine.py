@@ -20,17 +20,17 @@ from sim.systems import System
 from sim.timing import PARTS, GroupWork, StepTimer
 
 
-def accept_distribution(spec: dict) -> np.ndarray:
+def accept_distribution(spec) -> np.ndarray:
     """P(accepted = 1..q): explicit `accept_probs`, else 1 + Binomial(q - 1, p) with mean `accept_mean`
     (default 1 + 2/3 (q - 1): 3.0 for the recipes' 4 verify tokens, DESIGN §7's 2.2-3.5 range)."""
-    q = max(1, spec["draft_tokens"])
-    if spec["accept_probs"] is not None:
-        return np.asarray(spec["accept_probs"], dtype=float)
+    q = max(1, spec.draft_tokens)
+    if spec.accept_probs is not None:
+        return np.asarray(spec.accept_probs, dtype=float)
     if q == 1:
         return np.ones(1)
     from math import comb
 
-    mean = spec["accept_mean"] if spec["accept_mean"] is not None else 1.0 + (q - 1) * 2.0 / 3.0
+    mean = spec.accept_mean if spec.accept_mean is not None else 1.0 + (q - 1) * 2.0 / 3.0
     p = (mean - 1.0) / (q - 1)
     return np.array([comb(q - 1, j) * p ** j * (1 - p) ** (q - 1 - j) for j in range(q)])
 

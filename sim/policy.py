@@ -185,14 +185,14 @@ class PolicyRunner:
         self.cfg, self.system, self.source = cfg, system, source
         model = cfg.model
         self.num_groups = model.num_index_groups
-        self.want = cfg.fidelity["policy_groups"]
+        self.want = cfg.fidelity.policy_groups
         self.layers = np.asarray(model.group_sizes())
         self.pilot_left = 0
         if self.want <= 0 or self.want >= self.num_groups:
             self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
-        elif cfg.fidelity["pilot_steps"] > 0:  # all groups first; stratify on what they measured
+        elif cfg.fidelity.pilot_steps > 0:  # all groups first; stratify on what they measured
             self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
-            self.pilot_left = cfg.fidelity["pilot_steps"]
+            self.pilot_left = cfg.fidelity.pilot_steps
         else:
             self.groups, self.group_of = self._upfront_groups()
         self.max_request_tokens = max_request_tokens
@@ -201,7 +201,7 @@ class PolicyRunner:
         self.k, self.main_k = phases[0][1], phases[-1][1]
         self.bound = getattr(make_cache, "bound", None)
         self.ks = self._stride(self.k)
-        self.stride = cfg.fidelity["step_stride"]
+        self.stride = cfg.fidelity.step_stride
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
         self.tables = {g: self._table(self.caches[g]) for g in self.groups}
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
@@ -233,11 +233,11 @@ class PolicyRunner:
     def phases(cfg, bound, make_cache=None) -> list[tuple[int, int]]:
         """(caches held at once, request stride) of each phase: the pilot (all groups; with a `RunBound`, at the
         smallest multiple of the stride whose caches fit PILOT_MAX_ENTRIES), then the simulated groups."""
-        num_groups, want = cfg.model.num_index_groups, cfg.fidelity["policy_groups"]
-        k = max(1, int(round(1.0 / cfg.fidelity["request_fraction"])))
+        num_groups, want = cfg.model.num_index_groups, cfg.fidelity.policy_groups
+        k = max(1, int(round(1.0 / cfg.fidelity.request_fraction)))
         if want <= 0 or want >= num_groups:
             return [(num_groups, k)]
-        if cfg.fidelity["pilot_steps"] <= 0:
+        if cfg.fidelity.pilot_steps <= 0:
             return [(want, k)]
         pilot_k = k
         if bound is None:
@@ -354,7 +354,7 @@ class PolicyRunner:
         self.last = out
         if self.pilot_left:
             self.pilot_left -= 1
-            if self.pilot_left == self.cfg.fidelity["pilot_steps"] // 2:  # measure on the warm second half
+            if self.pilot_left == self.cfg.fidelity.pilot_steps // 2:  # measure on the warm second half
                 self.pilot_base = {g: v.copy() for g, v in self.group_totals.items()}
             if not self.pilot_left:
                 self._end_pilot()

@@ -98,7 +98,7 @@ def base_value(cfg, costs, key: str) -> float:
     if section == "spec" and name == "accept_mean":
         q = cfg.query_tokens
         return float(cfg.spec.accept_mean if cfg.spec.accept_mean is not None else 1 + 2 * (q - 1) / 3)
-    return float(getattr(cfg, section)[name])
+    return float(getattr(getattr(cfg, section), name))
 
 
 def perturbed(c: Constant, value: float, factor: float, cfg) -> float:

@@ -74,7 +74,7 @@ def test_hisparse_index_keys_cover_its_logical_pool(cpu_gb):
     s, cfg = _system(system="hisparse", hardware__preset="b300", memory__cpu_kv_bytes_per_gpu=cpu_gb * 1e9)
     cap = s.capacity
     assert cap.static_index_slots_per_rank == pytest.approx(cap.logical_tokens_per_space)
-    assert cap.logical_tokens_per_space <= cfg.hisparse["host_to_device_ratio"] * cap.gpu_pool_slots + 1
+    assert cap.logical_tokens_per_space <= cfg.hisparse.host_to_device_ratio * cap.gpu_pool_slots + 1
     assert cap.logical_tokens_per_space <= cpu_gb * 1e9 / s.kv_tok * (1 + 1e-9)
     used = cap.gpu_pool_slots * s.kv_tok + cap.static_index_slots_per_rank * s.ix_tok
     assert used == pytest.approx(s.budget.gpu_kv_bytes_per_gpu, rel=1e-4)
