@@ -221,7 +221,7 @@ class Pool:
     per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
     def __init__(self, num_ranks: int, slots: int, base: int = 0, exact_lru: bool = False,
-                 address_limit: int | None = None):
+                 address_limit: int | None = None, lru_log_mode: str = "auto"):
         from .lru_log import LruLog
 
         self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
@@ -235,7 +235,7 @@ class Pool:
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
         self.in_use = np.zeros(num_ranks, dtype=np.int64)
         self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
-        self.log = LruLog(self) if exact_lru else None  # exact LRU order kept per rank (lru_log.py)
+        self.log = LruLog(self, lru_log_mode) if exact_lru else None  # exact LRU order kept per rank (lru_log.py)
 
     @property
     def cap(self) -> int:
