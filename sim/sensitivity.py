@@ -42,19 +42,27 @@ class Constant:
     capacity: bool = False  # acts on the budgets / sizing (admission), not only on step times
 
 
+def _system(cfg):
+    from sim.systems import SYSTEMS
+
+    return SYSTEMS[cfg.system]
+
+
 def _hisparse_fallback(cfg, costs) -> bool:
     """HiSparse's copy-efficiency fallback acts only while the calibration has no per-batch table."""
-    return cfg.system == "hisparse" and not costs["hisparse_swapin_efficiency_by_batch"]
+    return ("hisparse_swapin_efficiency" in _system(cfg).cost_keys
+            and not costs["hisparse_swapin_efficiency_by_batch"])
 
 
 def _hisparse_uncalibrated(key: str) -> Callable:
     def applies(cfg, costs) -> bool:  # assumed only while no calibration measured it
-        return cfg.system == "hisparse" and key not in costs.calibrated_keys
+        return key in _system(cfg).cost_keys and key not in costs.calibrated_keys
     return applies
 
 
 def _policy(cfg, costs) -> bool:
-    return cfg.system != "sglang"
+    """Host memory for KV matters only to systems whose policy places KV on the host."""
+    return _system(cfg).uses_policy
 
 
 def _spec(cfg, costs) -> bool:

@@ -137,6 +137,7 @@ class System:
 
     name = ""
     uses_policy = False
+    cost_keys: frozenset[str] = frozenset()  # cost-model keys only this system's mechanisms read
     prefetch = False  # one plan per indexer group, the group's other layers' data moved ahead on a copy stream
     partitioned_homes = False  # under TP each entry is stored once (on its home rank), not replicated per rank
     sized_by_union = False  # sizing reads the workload's verify-token union (`measure_union_slots`)
@@ -277,6 +278,8 @@ class HiSparse(System):
 
     name = "hisparse"
     uses_policy = True
+    cost_keys = frozenset({"hisparse_per_ref_s", "hisparse_swapin_efficiency", "hisparse_swapin_efficiency_by_batch",
+                           "hisparse_swapin_fixed_s"})
 
     def size(self) -> Capacity:
         h = self.cfg.hisparse
