@@ -51,3 +51,20 @@ def profile(tmp_path_factory):
     path = tmp_path_factory.mktemp("profile") / "tiny.yaml"
     path.write_text(TINY_PROFILE)
     return str(path)
+
+
+@pytest.fixture
+def refused_replay(capsys):
+    """`refused_replay(cfg_path, out, sets)`: runs `ulacache replay CFG --out OUT --set ...`, asserts exit 2 with one
+    `ulacache: error:` line and no traceback, and returns that line (shared by the CLI tests of bad keys)."""
+    from ulacache_cli.main import main
+
+    def run(cfg_path, out, sets) -> str:
+        argv = ["replay", str(cfg_path), "--out", str(out), "--quiet"]
+        for item in sets:
+            argv += ["--set", item]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("ulacache: error:") and "\n" not in err, err
+        return err
+    return run

@@ -40,14 +40,9 @@ def test_replay_writes_metrics(tmp_path, capsys):
     (["costs.no_such=1"], "unknown cost key"),
     (["spec.draft_tokens=4", "spec.accept_mean=9"], "spec.accept_mean must be in"),
 ])
-def test_bad_configs_exit_2_with_one_line(tmp_path, capsys, sets, needle):
-    cfg = _write(tmp_path, TINY)
-    argv = ["replay", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]
-    for item in sets:
-        argv += ["--set", item]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ulacache: error:") and "\n" not in err and needle in err, err
+def test_bad_configs_exit_2_with_one_line(tmp_path, refused_replay, sets, needle):
+    err = refused_replay(_write(tmp_path, TINY), tmp_path / "o", sets)
+    assert needle in err, err
 
 
 def test_unknown_key_in_file_and_missing_file(tmp_path, capsys):

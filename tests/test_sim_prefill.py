@@ -112,17 +112,12 @@ def test_default_chunk_is_sglangs():
     (["workload.prefill_chunk_tokens=1"], ">= hardware.num_gpus under dp"),
     (["workload.prefill_chunk_tokens=lots"], "workload.prefill_chunk_tokens must be an integer"),
 ])
-def test_bad_prefill_keys_exit_2_with_one_line(tmp_path, capsys, sets, needle):
+def test_bad_prefill_keys_exit_2_with_one_line(tmp_path, refused_replay, sets, needle):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"system": "sglang", "attention": "dp", "hardware": {"num_gpus": 2},
                                    "model": {"weight_bytes": 100e9},
                                    "workload": {"profile": "small", "num_requests": 2, "max_steps": 5}}))
-    argv = ["replay", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]
-    for item in sets:
-        argv += ["--set", item]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ulacache: error:") and "\n" not in err and needle in err, err
+    assert needle in refused_replay(cfg, tmp_path / "o", sets)
     assert not (tmp_path / "o").exists()
 
 
