@@ -38,6 +38,7 @@ GENERATOR = "stratified-mixture-v1"
 MODEL_GROUPS = {"glm-5.2": 21, "glm-5": 78, "deepseek-v3.2": 61}
 MAX_HISTORY_TOKENS = 1 << 26  # strata stay < 2**16 positions long (16-bit draws)
 _CHUNK_ELEMS = 1 << 19  # per-element work is done in row chunks of about this many outputs (cache-sized)
+_ROW_CACHE_ELEMS = 1 << 22  # per-(request, stratum) keys kept for the next steps (16 MiB)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,9 @@ class SyntheticSelections:
         self._seed_key = key64(self.seed, 0x5E1EC7)
         self._seed32 = int(fold32(np.uint64(self._seed_key)))
         self._plans: dict[int, GroupPlan] = {}
-        self._tables_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+        self._tables_cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self._row_cache: dict[tuple[int, bytes], np.ndarray] = {}  # (group, request ids) -> `_row_keys`
+        self._row_cache_elems = 0
         self._threads = max(1, int(num_threads if num_threads is not None else min(2, os.cpu_count() or 1)))
         self._pool: ThreadPoolExecutor | None = None
 
@@ -262,24 +265,29 @@ class SyntheticSelections:
         if int(hist.max()) > MAX_HISTORY_TOKENS:
             raise TraceError(f"history_len {int(hist.max())} exceeds the generator's limit {MAX_HISTORY_TOKENS}")
         short = hist <= k
-        hm = np.maximum(hist - plan.num_sink - plan.num_recent, 1)
-        dense = ~short & (_domains(hm, plan.num_strata) < 2 * plan.num_strata)  # strata need >= 2 positions
-        main = np.flatnonzero(~short & ~dense)
+        kp = plan.num_strata
+        dom = _domains(np.maximum(hist - plan.num_sink - plan.num_recent, 1), kp)
+        stratified = ~short & (dom >= 2 * kp)  # strata need >= 2 positions; short ones are dense
+        if stratified.all():  # the usual case (decode histories): no padding, no dense rows
+            self._run_main(plan, rid, hist, step, q, np.arange(rid.size), dom, out)
+            return out
         if short.any():
             rows = np.flatnonzero(short)
             ar = np.arange(k, dtype=np.int64)
             out[rows] = np.where(ar[None, :] < hist[rows, None], ar[None, :], -1)[:, None, :]
+        dense = ~short & ~stratified
         if dense.any():
             rows = np.flatnonzero(dense)
             out[rows] = self._select_dense(plan, rid[rows], hist[rows], step[rows], q)
+        main = np.flatnonzero(stratified)
         if main.size:
-            self._run_main(plan, rid, hist, step, q, main, out)
+            self._run_main(plan, rid, hist, step, q, main, dom[main], out)
         return out
 
-    def _run_main(self, plan: GroupPlan, rid, hist, step, q: int, main: np.ndarray, out: np.ndarray) -> None:
-        """Split the stratified rows into single-domain, cache-sized chunks and run them (threads if > 1)."""
-        hm = hist[main] - plan.num_sink - plan.num_recent
-        dom = _domains(hm, plan.num_strata)
+    def _run_main(self, plan: GroupPlan, rid, hist, step, q: int, main: np.ndarray, dom: np.ndarray,
+                  out: np.ndarray) -> None:
+        """Split the stratified rows (`main`, strata domain `dom` each) into single-domain, cache-sized chunks and
+        run them (threads if > 1)."""
         rows_per_chunk = max(1, _CHUNK_ELEMS // (q * self.top_k))
         if main.size == rid.size and main.size <= rows_per_chunk and dom.min() == dom.max():
             self._select_main(plan, rid, hist, step, q, int(dom[0]), out)  # small batch: no chunking
@@ -309,127 +317,145 @@ class SyntheticSelections:
             for c in chunks:
                 work(c)
 
-    def _tables(self, plan: GroupPlan, kind: int, dom: int) -> dict[str, np.ndarray]:
-        """Per-stratum geometry of one block on one domain (cached, pure in (group, kind, domain)).
+    def _tables(self, plan: GroupPlan, dom: int) -> dict[str, np.ndarray]:
+        """Per-stratum geometry of the group's strata on one domain, the blocks side by side in output order
+        (stable, recurring, fresh), so that one array operation covers every kind (cached, pure in (group, domain)).
 
         Stratum i covers [i*d/k', (i+1)*d/k') of the domain d (0-based in the middle region). Its candidate
         window is its first `cw` positions (cw fits each case below). A stratum whose window does not fit in the
         history is folded onto the upper half of its mirror stratum k'-1-i, which then keeps its lower half; the
         domain choice guarantees that the mirror lies wholly inside the history. So ranges are disjoint.
+        Per column, the draw d of a step is turned into an offset as ((d >> sh1) * mult) >> sh2 (& mask): mult is
+        0 for stable strata (their offset is the epoch's window offset alone), the candidate stride for recurring
+        ones (d's top bits pick the candidate), and the stratum's length for fresh ones (filled in per row).
         """
-        key = (plan.group, kind, dom)
+        key = (plan.group, dom)
         tab = self._tables_cache.get(key)
         if tab is None:
-            blk = (plan.stable, plan.recurring, plan.fresh)[kind]
+            blocks = (plan.stable, plan.recurring, plan.fresh)
+            m0, m1 = plan.stable.index.size, plan.recurring.index.size
             kp = plan.num_strata
             every = np.arange(kp, dtype=np.int64)
             start_all = every * dom // kp
             len_all = (every + 1) * dom // kp - start_all
             cw_all = np.minimum(len_all // 2, len_all[::-1] - len_all[::-1] // 2)
-            i = blk.index
+            i = np.concatenate([b.index for b in blocks])
             j = kp - 1 - i
             start, length, cw = start_all[i], len_all[i], cw_all[i]
             mstart, mlen = start_all[j], len_all[j]
-            cands = _floor_pow2(np.maximum(np.minimum(blk.cands, cw), 1))
+            cands = _floor_pow2(np.maximum(np.minimum(np.concatenate([b.cands for b in blocks]), cw), 1))
             stride = np.where(cands > 1, cw // cands, 0)
-            i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)
-            u32 = lambda x: np.ascontiguousarray(x, dtype=np.uint32)
-            tab = {"start": i32(start), "start_cw": i32(start + cw), "mirror_cw": i32(mstart + cw_all[j]),
-                   "lo": i32(start + plan.num_sink), "fold_shift": i32(mstart + mlen // 2 - start),
-                   "ln": i32(length), "ln_fold": i32(mlen - mlen // 2), "ln_half": i32(length // 2),
-                   "cw": u32(cw), "room": u32(cw - (cands - 1) * stride), "stride": u32(stride),
-                   "cand_shift": u32(32 - np.maximum(_log2(cands), 1)), "par": u32(i & 1)}
+            room = cw - (cands - 1) * stride
+            kind = np.repeat([0, 1, 2], [m0, m1, kp - m0 - m1])
+            ln_fold, ln_half = mlen - mlen // 2, length // 2
+            i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)  # noqa: E731
+            u32 = lambda x: np.ascontiguousarray(x, dtype=np.uint32)  # noqa: E731
+            f = slice(m0 + m1, kp)  # the fresh strata
+            tab = {"phase": u32(np.concatenate([b.phase for b in blocks[:2]])),
+                   "ck_mult": u32(np.where(kind == 0, cw, room)[:m0 + m1]),
+                   "start_cw": i32(start + cw), "lo": i32(start + plan.num_sink),
+                   "fold_shift": i32(mstart + mlen // 2 - start),
+                   "mult": u32(np.where(kind == 1, stride, 0)),
+                   "sh1": u32(np.where(kind == 1, 32 - np.maximum(_log2(cands), 1), 16)),
+                   "sh2": u32(np.where(kind == 2, 15 if plan.early else 16, 0)),
+                   "mask": u32(np.where(kind == 2, 0xFFFFFFFE, 0xFFFFFFFF)),
+                   "f_start": i32(start[f]), "f_mirror_cw": i32(mstart[f] + cw_all[j[f]]), "f_ln": i32(length[f]),
+                   "f_fold_d": i32(ln_fold[f] - length[f]), "f_half_d": i32(ln_half[f] - length[f]),
+                   "f_par": u32(i[f] & 1)}
             if len(self._tables_cache) > 1024:
                 self._tables_cache.clear()
             self._tables_cache[key] = tab
         return tab
 
+    def _row_keys(self, plan: GroupPlan, rid: np.ndarray) -> np.ndarray:
+        """uint32[R, k'] per-(request, stratum) keys of the group: the odd row key times each column key. Pure in
+        (group, request ids), and the same rows come back step after step: cached on the ids (read-only)."""
+        key = (plan.group, rid.tobytes())
+        t = self._row_cache.get(key)
+        if t is None:
+            with np.errstate(over="ignore"):
+                keys = np.concatenate([plan.stable.key, plan.recurring.key, plan.fresh.key])  # output order
+                t = (row_keys32(self._seed_key, rid) | np.uint32(1))[:, None] * keys
+            t.setflags(write=False)
+            self._row_cache_elems += t.size
+            if self._row_cache_elems > _ROW_CACHE_ELEMS:
+                self._row_cache.clear()
+                self._row_cache_elems = t.size
+            self._row_cache[key] = t
+        return t
+
     def _select_main(self, plan: GroupPlan, rid, hist, step, q: int, dom: int, out: np.ndarray | None) -> np.ndarray:
-        """The stratified path for rows of one domain size. Hashes are odd-constant multiplies whose top bits
-        are used (inputs are already mixed keys); every draw takes 16 top bits."""
+        """The stratified path for rows of one domain size, every kind of stratum at once (see `_tables`). Hashes
+        are odd-constant multiplies whose top bits are used (inputs are already mixed keys); every draw takes 16
+        top bits."""
         sp = self.spec
-        r = rid.size
+        r, k = rid.size, sp.top_k
         s, w = plan.num_sink, plan.num_recent
+        kp = plan.num_strata
         if out is None:
-            out = np.empty((r, q, sp.top_k), dtype=np.int64)
+            out = np.empty((r, q, k), dtype=np.int64)
         if s:
             out[:, :, :s] = np.arange(s, dtype=np.int64)
         if w:
-            out[:, :, sp.top_k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[:, None, :]
+            out[:, :, k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[:, None, :]
+        tb = self._tables(plan, dom)
+        sr = plan.stable.index.size + plan.recurring.index.size  # stable and recurring strata come first
         hm = (hist - s - w).astype(np.int32)
         hcol = hm[:, None]
-        rowkey = (row_keys32(self._seed_key, rid) | np.uint32(1))[:, None]
+        t = self._row_keys(plan, rid)
         step32 = step.astype(np.uint32)
-        stepkey = mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[:, None]
-        shift_t = np.uint32(int(sp.drift_steps).bit_length() - 1)
-        thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
-        qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
         u16 = np.uint32(16)
-        col = s
         with np.errstate(over="ignore"):
-            for kind, blk in enumerate((plan.stable, plan.recurring, plan.fresh)):
-                m = blk.index.size
-                if m == 0:
-                    continue
-                tb = self._tables(plan, kind, dom)
-                dst = out[:, :, col:col + m]
-                col += m
-                invalid = tb["start_cw"] > hcol
-                lo = np.multiply(invalid, tb["fold_shift"], dtype=np.int32)
-                lo += tb["lo"]
-                t = rowkey * blk.key
-                if kind < 2:  # the candidate window's offset in this drift epoch
-                    ck = (step32[:, None] + blk.phase) >> shift_t
-                    ck *= np.uint32(0xC2B2AE35)
-                    ck ^= t
-                    ck *= np.uint32(0x9E3779B1)
-                    ck >>= u16
-                    ck *= tb["room"] if kind == 1 else tb["cw"]
-                    ck >>= u16
-                    base = lo + ck.view(np.int32)
-                    if kind == 0:
-                        dst[...] = base[:, None, :]
-                        continue
+            invalid = tb["start_cw"] > hcol
+            lo = np.multiply(invalid, tb["fold_shift"], dtype=np.int32)  # per column: base position of the draw
+            lo += tb["lo"]
+            if sr:  # stable and recurring strata: the candidate window's offset in this drift epoch
+                ck = step32[:, None] + tb["phase"]
+                ck >>= np.uint32(int(sp.drift_steps).bit_length() - 1)
+                ck *= np.uint32(0xC2B2AE35)
+                ck ^= t[:, :sr]
+                ck *= np.uint32(0x9E3779B1)
+                ck >>= u16
+                ck *= tb["ck_mult"]
+                ck >>= u16
+                lo[:, :sr] += ck.view(np.int32)
+            mult = np.empty((r, kp), np.uint32)
+            mult[:] = tb["mult"]
+            if sr < kp:  # fresh strata: the stratum's length (folded, halved, cut at the end of the history)
+                inv_f = invalid[:, sr:]
+                ln = mult[:, sr:].view(np.int32)
+                np.multiply(inv_f, tb["f_fold_d"], out=ln)
+                ln += np.multiply(tb["f_mirror_cw"] > hcol, tb["f_half_d"], dtype=np.int32)
+                ln += tb["f_ln"]
+                # the stratum that straddles the end of the history (if not folded) is cut there; strata left of it
+                # end before it, and an unfolded stratum starts inside the history
+                np.minimum(ln, hcol - tb["f_start"], out=ln, where=~inv_f)
+                if plan.early:  # fresh picks alternate position parity from step to step
+                    par = (tb["f_par"] ^ (step32[:, None] & np.uint32(1))) * (ln > 1)
+                    lo[:, sr:] += par.view(np.int32)
+                    ln -= par.view(np.int32)
+                    ln += 1
+                    ln >>= 1
+            ts = t ^ mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[:, None]
+            ts *= np.uint32(0x846CA68B)
+            thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
+            diverge = thr1 - (ts >> u16)  # query tokens > 0 redraw where the top bits reach spec_share
+            diverge >>= np.uint32(31)
+            qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
+            d = np.empty((r, kp), np.uint32)
+            for qi in range(q):
+                if qi == 0:
+                    np.multiply(ts, MIX32, out=d)
                 else:
-                    ln = np.multiply(invalid, tb["ln_fold"] - tb["ln"], dtype=np.int32)
-                    ln += np.multiply(tb["mirror_cw"] > hcol, tb["ln_half"] - tb["ln"], dtype=np.int32)
-                    ln += tb["ln"]
-                    # the stratum that straddles the end of the history (if not folded) is cut there
-                    brow = np.flatnonzero(np.searchsorted(tb["start"], hm, side="right") > 0)
-                    bcol = np.searchsorted(tb["start"], hm[brow], side="right") - 1
-                    cut = hm[brow] - tb["start"][bcol]
-                    fix = (cut < ln[brow, bcol]) & ~invalid[brow, bcol]
-                    ln[brow[fix], bcol[fix]] = cut[fix]
-                    if plan.early:  # fresh picks alternate position parity from step to step
-                        par = (tb["par"] ^ (step32[:, None] & np.uint32(1))) * (ln > 1)
-                        lo += par.view(np.int32)
-                        ln = (ln - par.view(np.int32) + 1) >> 1
-                    ln = ln.view(np.uint32)
-                ts = t ^ stepkey
-                ts *= np.uint32(0x846CA68B)
-                diverge = thr1 - (ts >> u16)  # query tokens > 0 redraw where the top bits reach spec_share
-                diverge >>= np.uint32(31)
-                d = np.empty((r, m), np.uint32)
-                for qi in range(q):
-                    if qi == 0:
-                        np.multiply(ts, MIX32, out=d)
-                    else:
-                        np.multiply(diverge, qkeys[qi], out=d)
-                        d ^= ts
-                        d *= MIX32
-                    if kind == 1:  # candidate index from the top bits (candidate counts are powers of two)
-                        d >>= tb["cand_shift"]
-                        d *= tb["stride"]
-                        np.add(d.view(np.int32), base, out=dst[:, qi, :], casting="unsafe")
-                        continue
-                    d >>= u16
-                    d *= ln
-                    if plan.early:
-                        d >>= np.uint32(15)
-                        d &= np.uint32(0xFFFFFFFE)
-                    else:
-                        d >>= u16
-                    np.add(d.view(np.int32), lo, out=dst[:, qi, :], casting="unsafe")
+                    np.multiply(diverge, qkeys[qi], out=d)
+                    d ^= ts
+                    d *= MIX32
+                d >>= tb["sh1"]
+                d *= mult
+                d >>= tb["sh2"]
+                if plan.early:
+                    d &= tb["mask"]
+                np.add(d.view(np.int32), lo, out=out[:, qi, s:s + kp], casting="unsafe")
         return out
 
     def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
