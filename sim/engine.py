@@ -17,7 +17,7 @@ from sim.hardware import Node, make_env
 from sim.policy import PolicyRunner
 from sim.prefill import make_prefill
 from sim.systems import System
-from sim.timing import PARTS, GroupWork, StepTimer
+from sim.timing import PARTS, GroupOrder, GroupWork, StepTimer
 
 
 def accept_distribution(spec) -> np.ndarray:
@@ -56,6 +56,17 @@ class RunState:
     first_finish_step: int | None = None  # the first step a request completed in (the first refill follows it)
 
 
+def _num_passes(rt: dict | None) -> int:
+    """Sub-batches a group's access batch was served in (1 without a policy)."""
+    return max(1, round(rt.get("passes", 1.0))) if rt else 1
+
+
+def _ranks_of(values, n: int) -> np.ndarray:
+    """Per-rank float64[n] of a ratio (a replicated cache's single value repeated)."""
+    x = np.asarray(values, float)
+    return x if x.size == n and x.ndim == 1 else np.resize(x, n)
+
+
 NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0}
 
 
@@ -92,6 +103,12 @@ class Engine:
         self.finish_s = np.full(self.n_req, np.nan)
         self.rng = np.random.default_rng(cfg.workload.seed + 7919)
         self.accept_p = accept_distribution(cfg.spec)
+        # accepted lengths are drawn as Generator.choice(1..q, p=accept_p) draws them (cdf, uniforms, searchsorted):
+        # the same numbers from the same stream, without its per-call checks (made once here)
+        np.random.default_rng(0).choice(len(self.accept_p), p=self.accept_p)
+        self.accept_len = np.arange(1, len(self.accept_p) + 1)
+        self.accept_cdf = self.accept_p.cumsum()
+        self.accept_cdf /= self.accept_cdf[-1]
         cap = system.capacity
         self.used_tokens = np.zeros(cap.num_spaces)
         self.running_per_space = np.zeros(cap.num_spaces, np.int64)
@@ -109,6 +126,8 @@ class Engine:
         self._saturated = False
         self.prefill = make_prefill(cfg, costs, system, self)  # untimed | chunked (sim/prefill.py)
         self._keys = None  # (group map bytes, (distinct (representative, layers), index per group)): _group_keys
+        self._orders: dict[tuple, GroupOrder] = {}  # (group map bytes, passes per distinct group) -> _order
+        self._reps = (None, [], None)  # (group map bytes, simulated representatives, index of each group's)
         self._links_memo: dict[bytes, dict] = {}  # _links' inputs (exact bits) -> its result
 
     # ------------------------------------------------------------------ admission
@@ -215,10 +234,11 @@ class Engine:
         ratios = self._policy_ratios(b)
         rows, sim_ranks = self._link_rows(b, ratios, tracing)
         shared = self._shared_work(b)
-        work = [self._rank_work(b, r, ratios, rows, shared) for r in sim_ranks]
+        order = self._order(ratios)
+        work = self._ranks_work(b, sim_ranks, ratios, rows, shared)
         epilogue = self._epilogue(b, sim_ranks)
         t_start = self.env.now
-        step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing)
+        step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing, order=order)
         acc, fin = self._advance(b.run)
         self._account(b, ratios, rows, acc, step_s, parts, t_start)
         return fin.tolist()
@@ -257,31 +277,71 @@ class Engine:
         rows = {}
         if not ratios:
             return rows, sim_ranks
-        for rep in sorted(set(int(x) for x in self.runner.group_of)):
+        for rep in self._simulated_reps()[0]:
             rt = ratios[rep]
-            rows[rep] = tuple(np.resize(np.asarray(rt[k], float), n_gpu) * b.ref_rank for k in ("h2d", "d2h", "peer"))
+            rows[rep] = tuple(_ranks_of(rt[k], n_gpu) * b.ref_rank for k in ("h2d", "d2h", "peer"))
         if sysm.tp and not sysm.symmetric_ranks and not tracing:
             # TP ranks compute the same; a group ends with the slowest rank, and a rank's time grows with each of
             # its concurrent link volumes: the ranks with the most of some link's rows are the only candidates
             sim_ranks = sorted({int(np.argmax(arr)) for h, d, p in rows.values() for arr in (h, d, p)})
         return rows, sim_ranks
 
+    def _ranks_work(self, b: Batch, sim_ranks: list[int], ratios, rows: dict, shared: dict) -> list[list[GroupWork]]:
+        """Each simulated rank's distinct group work (`_rank_work`). Ranks whose inputs are equal (under DP the idle
+        ranks of a small batch) share one list: the same objects, so the timer compares them once."""
+        n = len(sim_ranks)
+        if n == 1:
+            return [self._rank_work(b, sim_ranks[0], ratios, rows, shared)]
+        cols = [np.asarray(shared["keys"], dtype=float), b.n_rank, b.ref_rank]
+        cols += [x for rep in rows for x in rows[rep]]
+        sig = np.column_stack(cols)[sim_ranks]  # everything rank-dependent that _rank_work reads
+        seen: dict[bytes, list[GroupWork]] = {}
+        out = []
+        for i, r in enumerate(sim_ranks):
+            key = sig[i].tobytes()
+            work = seen.get(key)
+            if work is None:
+                work = seen[key] = self._rank_work(b, r, ratios, rows, shared)
+            out.append(work)
+        return out
+
     def _rank_work(self, b: Batch, r: int, ratios, rows: dict, shared: dict) -> list[GroupWork]:
-        """Rank r's work for every indexer group (one item per pass); groups sharing a simulated representative share
-        their work, and groups of one (representative, layers) share the very objects (the timer dedups by identity
-        first)."""
+        """Rank r's work for each distinct indexer group (`_group_keys`), one item per pass (`_order` says which
+        groups run which item); groups sharing a simulated representative share their work."""
         common = self._compute(b, r, shared)
         by_rep: dict[int, list] = {}
-        distinct, index = self._group_keys(ratios)
+        distinct, _ = self._group_keys(ratios)
         made = []
         for rep, layers in distinct:
             passes = by_rep.get(rep)
             if passes is None:
                 passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
-            made.append([GroupWork(layers=layers, **c, **links) for c, links in passes])
-        if all(len(w) == 1 for w in made):
-            return [made[i][0] for i in index]
-        return [w for i in index for w in made[i]]
+            made.extend(GroupWork(layers=layers, **c, **links) for c, links in passes)
+        return made
+
+    def _order(self, ratios) -> GroupOrder:
+        """Which of `_rank_work`'s items each indexer group's passes run, in group order (cached per group map and
+        passes)."""
+        distinct, index = self._group_keys(ratios)
+        passes = tuple(_num_passes(ratios[rep] if ratios else None) for rep, _ in distinct)
+        key = (self._keys[0], passes)
+        order = self._orders.get(key)
+        if order is None:
+            first = np.concatenate([[0], np.cumsum(passes)[:-1]]).tolist()
+            seq = [first[j] + p for j in index for p in range(passes[j])]
+            if len(self._orders) > 256:
+                self._orders.clear()
+            order = self._orders[key] = GroupOrder.of(seq)
+        return order
+
+    def _simulated_reps(self) -> tuple[list[int], np.ndarray]:
+        """The simulated representatives in ascending order, and each group's position among them (cached)."""
+        group_of = self.runner.group_of
+        key = group_of.tobytes()
+        if self._reps[0] != key:
+            reps = sorted(set(group_of.tolist()))
+            self._reps = (key, reps, np.searchsorted(reps, group_of))
+        return self._reps[1], self._reps[2]
 
     def _group_keys(self, ratios) -> tuple[list[tuple[int, int]], list[int]]:
         """The distinct (simulated representative or -1, layers) of the indexer groups, and each group's index into
@@ -329,7 +389,7 @@ class Engine:
         own management, transfers and compute, so per-pass fixed costs (launches, latencies, MoE weight reads) are
         paid p times."""
         row = self.cfg.model.kv_bytes_per_token_layer
-        p = max(1, round(rt.get("passes", 1.0))) if rt else 1
+        p = _num_passes(rt)
         if p == 1:
             return [(common, self._links(b, r, rt, rows, row) if rt else NO_LINKS)]
         sub = Batch(b.run, b.hist, b.refs_req / p, b.n_total / p, b.tokens_total / p, b.ref_rank / p, b.hist_rank,
@@ -380,7 +440,7 @@ class Engine:
 
     def _advance(self, run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draw each request's accepted tokens, grow the histories; returns (accepted, finished requests)."""
-        acc = self.rng.choice(np.arange(1, len(self.accept_p) + 1), size=len(run), p=self.accept_p)
+        acc = self.accept_len[self.accept_cdf.searchsorted(self.rng.random(len(run)), side="right")]
         acc = np.minimum(acc, self.out[run] - self.generated[run])
         self.generated[run] += acc
         self.hist[run] += acc
@@ -398,14 +458,14 @@ class Engine:
         refs_all = b.refs_req.sum()
         link_rows = [0.0, 0.0, 0.0]  # h2d, d2h, peer over all ranks and layers
         if ratios:
-            hits = unique = 0.0
             copies = n_gpu if sysm.symmetric_ranks else 1
-            per_rep = {rep: ([(x[0] if copies > 1 else x.sum()) for x in rows[rep]],
-                             ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all) for rep in rows}
-            for rep, w in zip(self.runner.group_of.tolist(), layer_w):  # scalar sums in group order (same floats)
-                lr, h, u = per_rep[rep]
-                link_rows = [link_rows[k] + lr[k] * w * copies for k in range(3)]
-                hits, unique = hits + h * w, unique + u * w
+            reps, where = self._simulated_reps()
+            per_rep = np.array([[(x[0] if copies > 1 else x.sum()) for x in rows[rep]]
+                                + [ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all] for rep in reps])
+            terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0 as scalar sums did
+            np.multiply(per_rep[where], layer_w[:, None], out=terms[1:])
+            terms[1:, :3] *= copies
+            link_rows[0], link_rows[1], link_rows[2], hits, unique = np.cumsum(terms, axis=0)[-1]  # in group order
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_all * m.num_layers
         row = m.kv_bytes_per_token_layer

@@ -137,12 +137,20 @@ def release_memory() -> None:
         pass
 
 
+def _per_rank(rows, num_ranks: int) -> np.ndarray:
+    """A plan's rows per rank as float64[num_ranks] (a replicated cache's single rank repeated)."""
+    x = np.asarray(rows, dtype=float).reshape(-1)
+    return x if x.size == num_ranks else np.resize(x, num_ranks)
+
+
 class AddressTable:
-    """Position -> logical address of every simulated running request, one row per request."""
+    """Position -> logical address of every simulated running request, one row per request. Each row ends with one
+    padding column that stays -1, so position -1 (a selection's padding) reads -1 without a mask."""
 
     def __init__(self, max_len: int, dtype=np.int64):
         self.max_len = max_len
-        self.table = np.full((4, max_len), -1, dtype=dtype)
+        self.width = max_len + 1
+        self.table = np.full((4, self.width), -1, dtype=dtype)
         self.row_of: dict[int, int] = {}
         self.free_rows: list[int] = list(range(3, -1, -1))
         self.length: dict[int, int] = {}
@@ -150,7 +158,7 @@ class AddressTable:
     def add(self, rid: int, addrs: np.ndarray):
         if not self.free_rows:
             old = self.table.shape[0]
-            self.table = np.concatenate([self.table, np.full((old, self.max_len), -1, dtype=self.table.dtype)])
+            self.table = np.concatenate([self.table, np.full((old, self.width), -1, dtype=self.table.dtype)])
             self.free_rows = list(range(2 * old - 1, old - 1, -1))
         row = self.free_rows.pop()
         self.row_of[rid] = row
@@ -171,11 +179,15 @@ class AddressTable:
 
     def lookup(self, rids: list[int], positions: np.ndarray) -> np.ndarray:
         """positions int64[R, q, k] (-1 padding) -> logical addresses (same shape, -1 padding)."""
-        rows = np.fromiter((self.row_of[r] for r in rids), dtype=np.int64, count=len(rids))
-        safe = np.maximum(positions, 0)
-        out = self.table[rows[:, None, None], safe].astype(np.int64, copy=False)
-        out[positions < 0] = -1
-        return out
+        positions = np.asarray(positions)
+        if positions.size and positions.min() < -1:
+            raise ValueError("selection positions must be >= 0 (-1 pads)")
+        if len(rids) == 1:  # one request: its row, position -1 wraps to the padding column
+            out = self.table[self.row_of[rids[0]]].take(positions)
+        else:  # flat index row * width + position: -1 lands on the previous row's padding column (row 0: the last)
+            rows = np.fromiter((self.row_of[r] for r in rids), dtype=np.int64, count=len(rids))
+            out = self.table.take(positions + (rows * self.width)[:, None, None])
+        return out.astype(np.int64, copy=False)
 
 
 class PolicyRunner:
@@ -336,8 +348,9 @@ class PolicyRunner:
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         out = {}
+        sid_arr = np.asarray(sids, dtype=np.int64)
         for g in self.groups:
-            sel = self.source.select(np.asarray(sids, dtype=np.int64), s_hist, s_steps, g, q)
+            sel = self.source.select(sid_arr, s_hist, s_steps, g, q)
             addrs = self.tables[g].lookup(sids, sel)
             totals = None
             for lo in range(0, q, self.query_chunk):  # HiSparse: verify tokens in chunks its buffer can hold
@@ -429,27 +442,27 @@ class PolicyRunner:
             b = self._access(cache, addrs[half:], num_ranks)
             return {k: a[k] + b[k] for k in a}
         cache.commit(plan)
-        n = lambda x: np.asarray(x, dtype=float).reshape(-1)  # noqa: E731
-        per_rank = lambda arr: (n(arr) if n(arr).size == num_ranks else np.resize(n(arr), num_ranks))  # noqa: E731
-        totals = {
+        return {
             "passes": 1.0,  # one library access: the working set fit (a split batch sums its halves' passes)
             "refs": float(plan.num_refs), "unique": float(plan.num_unique), "hits": float(plan.num_hits),
             "misses": float(plan.num_misses), "exchanges": float(plan.num_exchanges),
             "local_hits": float(getattr(plan, "num_local_hits", 0)),
             "peer_fetches": float(getattr(plan, "num_peer_fetches", 0)),
-            "h2d": per_rank(plan.h2d_rows_per_rank), "d2h": per_rank(plan.d2h_rows_per_rank),
-            "peer": per_rank(plan.peer_rows_per_rank),
+            "h2d": _per_rank(plan.h2d_rows_per_rank, num_ranks), "d2h": _per_rank(plan.d2h_rows_per_rank, num_ranks),
+            "peer": _per_rank(plan.peer_rows_per_rank, num_ranks),
         }
-        return totals
 
     def _ratios(self, t: dict, ref_rank: np.ndarray) -> dict:
         refs = max(t["refs"], 1.0)
         total_ref_rank = np.maximum(ref_rank, 1.0)
+        idle = ref_rank <= 0
+        any_idle = bool(idle.any())
         out = {k: t[k] / refs for k in ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches")}
         out["passes"] = t["passes"]  # sub-batches the access batch was served in (not per reference)
         for link in ("h2d", "d2h", "peer"):
             rows = t[link]
             ratio = rows / total_ref_rank
-            ratio[ref_rank <= 0] = rows.sum() / refs  # ranks without simulated requests: the global ratio
+            if any_idle:
+                ratio[idle] = rows.sum() / refs  # ranks without simulated requests: the global ratio
             out[link] = ratio
         return out

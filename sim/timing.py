@@ -42,43 +42,67 @@ class GroupWork:
     peer_after_h2d_bytes: float = 0.0  # peer fetches of rows promoted this step: start once the promotions are done
 
 
+@dataclass(frozen=True)
+class GroupOrder:
+    """Which work item each indexer group (pass) of a step runs, in group order: `seq[n]` is the item of the n-th;
+    `firsts` lists every item once, in order of its first group, as (item, that group's position, groups running
+    it). Built once per group layout, so a step does not walk every group to find the distinct ones."""
+
+    seq: tuple[int, ...]
+    firsts: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def of(cls, seq) -> GroupOrder:
+        first: dict[int, list[int]] = {}
+        for pos, item in enumerate(seq):
+            if item in first:
+                first[item][1] += 1
+            else:
+                first[item] = [pos, 1]
+        return cls(tuple(seq), tuple((item, pos, n) for item, (pos, n) in first.items()))
+
+
 class StepTimer:
     def __init__(self, env: simpy.Environment, node: Node, recorder=None):
         self.env, self.node, self.recorder = env, node, recorder
         self.events = 0  # simpy events processed (counted by the engine)
 
     def run(self, work: list[list[GroupWork]], ranks: list[int], epilogue: dict[str, float],
-            dedup: bool = True) -> tuple[float, dict]:
-        """Simulate one step: work[i][g] for simulated rank ranks[i]. Returns (step seconds, parts).
+            dedup: bool = True, order: GroupOrder | None = None) -> tuple[float, dict]:
+        """Simulate one step: work[i][j] is simulated rank ranks[i]'s item j, and group (pass) n runs item
+        order.seq[n] (without `order`: item g for group g). Returns (step seconds, parts).
 
         Groups are separated by barriers, so a group's time depends only on its own work: with `dedup`, groups whose
         work is identical on every rank are simulated once and counted as many times as they occur."""
         env = self.env
         start = env.now
-        order: list[int] = []  # the first group of each distinct work, in group order
+        cols = list(zip(*work))  # cols[j]: item j on every simulated rank
+        if order is None:
+            order = GroupOrder.of(range(len(cols)))
+        heads: list[int] = []  # the first group of each distinct work, in group order
         mult: dict[int, int] = {}  # that group -> how many groups share its work
-        by_value: dict[tuple, int] = {}
-        by_id: dict[tuple, int] = {}  # the same objects are equal: compare by value once per distinct object set
-        for g, col in enumerate(zip(*work)):  # col: group g's work on every simulated rank
-            if dedup:
-                ids = tuple(map(id, col))
-                head = by_id.get(ids)
-                if head is None:
-                    head = by_id[ids] = by_value.setdefault(col, g)
-            else:
-                head = g
-            if head == g:
-                order.append(g)
-                mult[g] = 0
-            mult[head] += 1
+        item_of: dict[int, int] = {}  # that group -> its item
+        if dedup:  # an item's groups share its objects; equal items of other groups are found by value
+            by_value: dict[tuple, int] = {}
+            for item, pos, count in order.firsts:
+                head = by_value.setdefault(cols[item], pos)
+                if head == pos:
+                    heads.append(pos)
+                    mult[pos] = 0
+                    item_of[pos] = item
+                mult[head] += count
+        else:
+            heads = list(range(len(order.seq)))
+            mult = dict.fromkeys(heads, 1)
+            item_of = dict(enumerate(order.seq))
         self.node.simulate(ranks)  # each simulated rank stands for num_gpus / len(ranks) GPUs on shared host caps
         totals = dict.fromkeys(PARTS, 0.0)
         elapsed = 0.0
         tracing = self.recorder is not None and self.recorder.enabled
-        for g in order:
+        for g in heads:
             parts = np.zeros((len(ranks), len(PARTS)))
             t0 = env.now
-            ws = [w[g] for w in work]
+            ws = cols[item_of[g]]
             last, sim_idx, computed = (None, range(len(ranks)), []) if tracing else self._quiet(ws, ranks, parts)
             if last is None:
                 barrier = Barrier(env, len(sim_idx))
@@ -133,8 +157,16 @@ class StepTimer:
         anywhere on an idle node nothing is, if simpy's clock can land on the last arrival exactly."""
         t0 = self.env.now
         quiet, busy = [], []
+        done: dict[int, tuple] = {}  # ranks sharing one work object arrive alike
         for i, (w, r) in enumerate(zip(ws, ranks)):
-            at = self._quiet_arrival(w, t0, parts[i])
+            prev = done.get(id(w))
+            if prev is None:
+                at = self._quiet_arrival(w, t0, parts[i])
+                done[id(w)] = (at, i)
+            else:
+                at = prev[0]
+                if at is not None:
+                    parts[i] = parts[prev[1]]
             if at is None:
                 busy.append(i)
             else:
