@@ -45,14 +45,16 @@ class PlaceLayout:
 
     def decode(self, places) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tier int8, rank int64, slot int64) of each place, vectorized; (-1, -1, -1) where a place is < 0."""
-        p = np.asarray(places, dtype=np.int64)
-        tier = np.where(p >= self.buffer_base, self.BUFFER, np.where(p >= self.cpu_base, self.CPU, self.GPU))
-        base = np.choose(tier, [0, self.cpu_base, self.buffer_base])
-        seg = np.choose(tier, [self.gpu_seg, max(self.cpu_slots, 1), max(self.buffer_seg, 1)])
-        local = p - base
-        rank, slot = local // seg, local % seg
+        shape = np.shape(places)
+        p = np.asarray(places, dtype=np.int64).reshape(-1)
+        tier = (p >= self.cpu_base).view(np.int8) + (p >= self.buffer_base).view(np.int8)
+        base = np.array([0, self.cpu_base, self.buffer_base], dtype=np.int64).take(tier)
+        seg = np.array([self.gpu_seg, max(self.cpu_slots, 1), max(self.buffer_seg, 1)], dtype=np.int64).take(tier)
+        rank, slot = np.divmod(p - base, seg)
         none = p < 0
-        return (np.where(none, -1, tier).astype(np.int8), np.where(none, -1, rank), np.where(none, -1, slot))
+        if none.any():
+            tier[none] = rank[none] = slot[none] = -1
+        return tier.reshape(shape), rank.reshape(shape), slot.reshape(shape)
 
     def encode(self, tier, rank, slot) -> np.ndarray:
         """Unified place of each (tier, rank, slot); ValueError for a tier, rank or slot out of range."""
