@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 PILOT_MAX_ENTRIES = 24_000_000  # all pilot caches together: history entries + GPU copies (keeps a small run small)
+SELECT_ELEMS = 1 << 21  # selected positions fetched from the source at once (int64: 16 MiB)
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer", "passes")
 
 
@@ -348,9 +349,7 @@ class PolicyRunner:
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         out = {}
-        sid_arr = np.asarray(sids, dtype=np.int64)
-        for g in self.groups:
-            sel = self.source.select(sid_arr, s_hist, s_steps, g, q)
+        for g, sel in self._selections(np.asarray(sids, dtype=np.int64), s_hist, s_steps, q):
             addrs = self.tables[g].lookup(sids, sel)
             totals = None
             for lo in range(0, q, self.query_chunk):  # HiSparse: verify tokens in chunks its buffer can hold
@@ -375,6 +374,17 @@ class PolicyRunner:
                     self._resample(rids, hist, spaces, rid_ranks)
                 release_memory()
         return self.last
+
+    def _selections(self, rids: np.ndarray, hist: np.ndarray, steps: np.ndarray, q: int):
+        """(group, selections) of every simulated group: a few groups per source call when the source can select
+        several at once (the synthetic generator computes groups of one geometry together), ~16 MiB at a time."""
+        many = getattr(self.source, "select_groups", None)
+        per = max(1, SELECT_ELEMS // max(1, rids.size * q * self.cfg.model.top_k)) if many is not None else 1
+        for a in range(0, len(self.groups), per):
+            part = self.groups[a:a + per]
+            sels = many(rids, hist, steps, part, q) if many is not None else [
+                self.source.select(rids, hist, steps, g, q) for g in part]
+            yield from zip(part, sels)
 
     def _end_pilot(self):
         """Stratify groups on their measured hit ratio; keep simulating only the representatives."""

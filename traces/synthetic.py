@@ -189,8 +189,8 @@ class SyntheticSelections:
         self._seed_key = key64(self.seed, 0x5E1EC7)
         self._seed32 = int(fold32(np.uint64(self._seed_key)))
         self._plans: dict[int, GroupPlan] = {}
-        self._tables_cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
-        self._row_cache: dict[tuple[int, bytes], np.ndarray] = {}  # (group, request ids) -> `_row_keys`
+        self._tables_cache: dict[tuple[tuple[int, ...], int], dict[str, np.ndarray]] = {}
+        self._row_cache: dict[tuple[tuple[int, ...], bytes], np.ndarray] = {}  # (groups, request ids) -> `_row_keys`
         self._row_cache_elems = 0
         self._threads = max(1, int(num_threads if num_threads is not None else min(2, os.cpu_count() or 1)))
         self._pool: ThreadPoolExecutor | None = None
@@ -284,13 +284,40 @@ class SyntheticSelections:
             self._run_main(plan, rid, hist, step, q, main, dom[main], out)
         return out
 
+    def select_groups(self, request_ids, history_lens, steps, groups, num_query_tokens: int) -> list[np.ndarray]:
+        """[select(request_ids, history_lens, steps, g, num_query_tokens) for g in groups], the same arrays, with
+        groups that share their strata geometry computed together (a step's simulated groups at small batches)."""
+        rid, hist, step, q = _check_select_args(request_ids, history_lens, steps, num_query_tokens)
+        plans = [self.plan(g) for g in groups]
+        k = self.top_k
+        if not rid.size or int(hist.max()) > MAX_HISTORY_TOKENS or int(hist.min()) <= k:
+            return [self.select(rid, hist, step, g, q) for g in groups]
+        alike: dict[tuple, list[int]] = {}
+        for n, p in enumerate(plans):
+            alike.setdefault((p.num_sink, p.num_recent, p.early), []).append(n)
+        out: list = [None] * len(plans)
+        per = max(1, _CHUNK_ELEMS // (rid.size * q * k))  # groups computed together (cache-sized)
+        for ns in alike.values():
+            p0 = plans[ns[0]]
+            dom = _domains(hist - p0.num_sink - p0.num_recent, p0.num_strata)
+            if rid.size * q * k > _CHUNK_ELEMS or dom.min() != dom.max() or dom[0] < 2 * p0.num_strata:
+                for n in ns:  # large, several domains, or dense rows: one group at a time
+                    out[n] = self.select(rid, hist, step, groups[n], q)
+                continue
+            for a in range(0, len(ns), per):
+                part = ns[a:a + per]
+                arr = self._select_main(tuple(plans[n] for n in part), rid, hist, step, q, int(dom[0]), None)
+                for j, n in enumerate(part):
+                    out[n] = arr[j]
+        return out
+
     def _run_main(self, plan: GroupPlan, rid, hist, step, q: int, main: np.ndarray, dom: np.ndarray,
                   out: np.ndarray) -> None:
         """Split the stratified rows (`main`, strata domain `dom` each) into single-domain, cache-sized chunks and
         run them (threads if > 1)."""
         rows_per_chunk = max(1, _CHUNK_ELEMS // (q * self.top_k))
         if main.size == rid.size and main.size <= rows_per_chunk and dom.min() == dom.max():
-            self._select_main(plan, rid, hist, step, q, int(dom[0]), out)  # small batch: no chunking
+            self._select_main((plan,), rid, hist, step, q, int(dom[0]), out[None])  # small batch: no chunking
             return
         order = np.argsort(dom, kind="stable")
         main, dom = main[order], dom[order]
@@ -305,9 +332,9 @@ class SyntheticSelections:
             lo, n = int(rows[0]), rows.size
             if int(rows[-1]) - lo + 1 == n and (n == 1 or bool(np.all(np.diff(rows) == 1))):
                 sl = slice(lo, lo + n)  # contiguous rows: write straight into the output
-                self._select_main(plan, rid[sl], hist[sl], step[sl], q, d, out[sl])
+                self._select_main((plan,), rid[sl], hist[sl], step[sl], q, d, out[None, sl])
             else:
-                out[rows] = self._select_main(plan, rid[rows], hist[rows], step[rows], q, d, None)
+                out[rows] = self._select_main((plan,), rid[rows], hist[rows], step[rows], q, d, None)[0]
 
         if self._threads > 1 and len(chunks) > 1:
             if self._pool is None:
@@ -317,9 +344,10 @@ class SyntheticSelections:
             for c in chunks:
                 work(c)
 
-    def _tables(self, plan: GroupPlan, dom: int) -> dict[str, np.ndarray]:
-        """Per-stratum geometry of the group's strata on one domain, the blocks side by side in output order
-        (stable, recurring, fresh), so that one array operation covers every kind (cached, pure in (group, domain)).
+    def _tables(self, plans: tuple[GroupPlan, ...], dom: int) -> dict[str, np.ndarray]:
+        """Per-stratum geometry of some groups' strata on one domain, one row [1, k'] per group (their strata in
+        output order: stable, recurring, fresh), so that one array operation covers every kind of every group
+        (cached, pure in (groups, domain); the groups share k' and earliness).
 
         Stratum i covers [i*d/k', (i+1)*d/k') of the domain d (0-based in the middle region). Its candidate
         window is its first `cw` positions (cw fits each case below). A stratum whose window does not fit in the
@@ -327,55 +355,59 @@ class SyntheticSelections:
         domain choice guarantees that the mirror lies wholly inside the history. So ranges are disjoint.
         Per column, the draw d of a step is turned into an offset as ((d >> sh1) * mult) >> sh2 (& mask): mult is
         0 for stable strata (their offset is the epoch's window offset alone), the candidate stride for recurring
-        ones (d's top bits pick the candidate), and the stratum's length for fresh ones (filled in per row).
+        ones (d's top bits pick the candidate), and the stratum's length for fresh ones (`fresh`: filled in per row).
         """
-        key = (plan.group, dom)
+        key = (tuple(p.group for p in plans), dom)
         tab = self._tables_cache.get(key)
         if tab is None:
-            blocks = (plan.stable, plan.recurring, plan.fresh)
-            m0, m1 = plan.stable.index.size, plan.recurring.index.size
-            kp = plan.num_strata
-            every = np.arange(kp, dtype=np.int64)
-            start_all = every * dom // kp
-            len_all = (every + 1) * dom // kp - start_all
-            cw_all = np.minimum(len_all // 2, len_all[::-1] - len_all[::-1] // 2)
-            i = np.concatenate([b.index for b in blocks])
-            j = kp - 1 - i
-            start, length, cw = start_all[i], len_all[i], cw_all[i]
-            mstart, mlen = start_all[j], len_all[j]
-            cands = _floor_pow2(np.maximum(np.minimum(np.concatenate([b.cands for b in blocks]), cw), 1))
-            stride = np.where(cands > 1, cw // cands, 0)
-            room = cw - (cands - 1) * stride
-            kind = np.repeat([0, 1, 2], [m0, m1, kp - m0 - m1])
-            ln_fold, ln_half = mlen - mlen // 2, length // 2
-            i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)  # noqa: E731
-            u32 = lambda x: np.ascontiguousarray(x, dtype=np.uint32)  # noqa: E731
-            f = slice(m0 + m1, kp)  # the fresh strata
-            tab = {"phase": u32(np.concatenate([b.phase for b in blocks[:2]])),
-                   "ck_mult": u32(np.where(kind == 0, cw, room)[:m0 + m1]),
-                   "start_cw": i32(start + cw), "lo": i32(start + plan.num_sink),
-                   "fold_shift": i32(mstart + mlen // 2 - start),
-                   "mult": u32(np.where(kind == 1, stride, 0)),
-                   "sh1": u32(np.where(kind == 1, 32 - np.maximum(_log2(cands), 1), 16)),
-                   "sh2": u32(np.where(kind == 2, 15 if plan.early else 16, 0)),
-                   "mask": u32(np.where(kind == 2, 0xFFFFFFFE, 0xFFFFFFFF)),
-                   "f_start": i32(start[f]), "f_mirror_cw": i32(mstart[f] + cw_all[j[f]]), "f_ln": i32(length[f]),
-                   "f_fold_d": i32(ln_fold[f] - length[f]), "f_half_d": i32(ln_half[f] - length[f]),
-                   "f_par": u32(i[f] & 1)}
+            rows = [self._group_tables(p, dom) for p in plans]
+            tab = {name: np.stack([r[name] for r in rows])[:, None, :] for name in rows[0]}
             if len(self._tables_cache) > 1024:
                 self._tables_cache.clear()
             self._tables_cache[key] = tab
         return tab
 
-    def _row_keys(self, plan: GroupPlan, rid: np.ndarray) -> np.ndarray:
-        """uint32[R, k'] per-(request, stratum) keys of the group: the odd row key times each column key. Pure in
-        (group, request ids), and the same rows come back step after step: cached on the ids (read-only)."""
-        key = (plan.group, rid.tobytes())
+    @staticmethod
+    def _group_tables(plan: GroupPlan, dom: int) -> dict[str, np.ndarray]:
+        """One group's row of `_tables`."""
+        blocks = (plan.stable, plan.recurring, plan.fresh)
+        m0, m1 = plan.stable.index.size, plan.recurring.index.size
+        kp = plan.num_strata
+        every = np.arange(kp, dtype=np.int64)
+        start_all = every * dom // kp
+        len_all = (every + 1) * dom // kp - start_all
+        cw_all = np.minimum(len_all // 2, len_all[::-1] - len_all[::-1] // 2)
+        i = np.concatenate([b.index for b in blocks])
+        j = kp - 1 - i
+        start, length, cw = start_all[i], len_all[i], cw_all[i]
+        mstart, mlen = start_all[j], len_all[j]
+        cands = _floor_pow2(np.maximum(np.minimum(np.concatenate([b.cands for b in blocks]), cw), 1))
+        stride = np.where(cands > 1, cw // cands, 0)
+        kind = np.repeat([0, 1, 2], [m0, m1, kp - m0 - m1])
+        fresh = kind == 2
+        i32 = lambda x: np.ascontiguousarray(x, dtype=np.int32)  # noqa: E731
+        u32 = lambda x: np.ascontiguousarray(x, dtype=np.uint32)  # noqa: E731
+        return {"start_cw": i32(start + cw), "lo": i32(start + plan.num_sink),
+                "fold_shift": i32(mstart + mlen // 2 - start),
+                "phase": u32(np.concatenate([b.phase for b in blocks[:2]] + [np.zeros(kp - m0 - m1, np.uint32)])),
+                "ck_mult": u32(np.where(kind == 0, cw, np.where(fresh, 0, cw - (cands - 1) * stride))),
+                "mult": u32(np.where(kind == 1, stride, 0)), "fresh": fresh,
+                "sh1": u32(np.where(kind == 1, 32 - np.maximum(_log2(cands), 1), 16)),
+                "sh2": u32(np.where(fresh, 15 if plan.early else 16, 0)),
+                "mask": u32(np.where(fresh, 0xFFFFFFFE, 0xFFFFFFFF)),
+                "start": i32(start), "mirror_cw": i32(mstart + cw_all[j]), "ln": i32(length),
+                "fold_d": i32(mlen - mlen // 2 - length), "half_d": i32(length // 2 - length),
+                "par": u32((i & 1) * fresh)}
+
+    def _row_keys(self, plans: tuple[GroupPlan, ...], rid: np.ndarray) -> np.ndarray:
+        """uint32[G, R, k'] per-(group, request, stratum) keys: the odd row key times each column key. Pure in
+        (groups, request ids), and the same rows come back step after step: cached on the ids (read-only)."""
+        key = (tuple(p.group for p in plans), rid.tobytes())
         t = self._row_cache.get(key)
         if t is None:
+            keys = np.stack([np.concatenate([p.stable.key, p.recurring.key, p.fresh.key]) for p in plans])
             with np.errstate(over="ignore"):
-                keys = np.concatenate([plan.stable.key, plan.recurring.key, plan.fresh.key])  # output order
-                t = (row_keys32(self._seed_key, rid) | np.uint32(1))[:, None] * keys
+                t = (row_keys32(self._seed_key, rid) | np.uint32(1))[None, :, None] * keys[:, None, :]
             t.setflags(write=False)
             self._row_cache_elems += t.size
             if self._row_cache_elems > _ROW_CACHE_ELEMS:
@@ -384,65 +416,63 @@ class SyntheticSelections:
             self._row_cache[key] = t
         return t
 
-    def _select_main(self, plan: GroupPlan, rid, hist, step, q: int, dom: int, out: np.ndarray | None) -> np.ndarray:
-        """The stratified path for rows of one domain size, every kind of stratum at once (see `_tables`). Hashes
-        are odd-constant multiplies whose top bits are used (inputs are already mixed keys); every draw takes 16
-        top bits."""
+    def _select_main(self, plans: tuple[GroupPlan, ...], rid, hist, step, q: int, dom: int,
+                     out: np.ndarray | None) -> np.ndarray:
+        """The stratified path for rows of one domain size, int64[G, R, q, top_k] for groups sharing k' and
+        earliness, every kind of stratum at once (see `_tables`). Hashes are odd-constant multiplies whose top bits
+        are used (inputs are already mixed keys); every draw takes 16 top bits."""
         sp = self.spec
+        plan = plans[0]
         r, k = rid.size, sp.top_k
         s, w = plan.num_sink, plan.num_recent
         kp = plan.num_strata
         if out is None:
-            out = np.empty((r, q, k), dtype=np.int64)
+            out = np.empty((len(plans), r, q, k), dtype=np.int64)
         if s:
-            out[:, :, :s] = np.arange(s, dtype=np.int64)
+            out[..., :s] = np.arange(s, dtype=np.int64)
         if w:
-            out[:, :, k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[:, None, :]
-        tb = self._tables(plan, dom)
-        sr = plan.stable.index.size + plan.recurring.index.size  # stable and recurring strata come first
-        hm = (hist - s - w).astype(np.int32)
-        hcol = hm[:, None]
-        t = self._row_keys(plan, rid)
+            out[..., k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[None, :, None, :]
+        tb = self._tables(plans, dom)
+        hcol = (hist - s - w).astype(np.int32)[None, :, None]
+        t = self._row_keys(plans, rid)
         step32 = step.astype(np.uint32)
+        scol = step32[None, :, None]
         u16 = np.uint32(16)
         with np.errstate(over="ignore"):
             invalid = tb["start_cw"] > hcol
             lo = np.multiply(invalid, tb["fold_shift"], dtype=np.int32)  # per column: base position of the draw
             lo += tb["lo"]
-            if sr:  # stable and recurring strata: the candidate window's offset in this drift epoch
-                ck = step32[:, None] + tb["phase"]
-                ck >>= np.uint32(int(sp.drift_steps).bit_length() - 1)
-                ck *= np.uint32(0xC2B2AE35)
-                ck ^= t[:, :sr]
-                ck *= np.uint32(0x9E3779B1)
-                ck >>= u16
-                ck *= tb["ck_mult"]
-                ck >>= u16
-                lo[:, :sr] += ck.view(np.int32)
-            mult = np.empty((r, kp), np.uint32)
-            mult[:] = tb["mult"]
-            if sr < kp:  # fresh strata: the stratum's length (folded, halved, cut at the end of the history)
-                inv_f = invalid[:, sr:]
-                ln = mult[:, sr:].view(np.int32)
-                np.multiply(inv_f, tb["f_fold_d"], out=ln)
-                ln += np.multiply(tb["f_mirror_cw"] > hcol, tb["f_half_d"], dtype=np.int32)
-                ln += tb["f_ln"]
-                # the stratum that straddles the end of the history (if not folded) is cut there; strata left of it
-                # end before it, and an unfolded stratum starts inside the history
-                np.minimum(ln, hcol - tb["f_start"], out=ln, where=~inv_f)
-                if plan.early:  # fresh picks alternate position parity from step to step
-                    par = (tb["f_par"] ^ (step32[:, None] & np.uint32(1))) * (ln > 1)
-                    lo[:, sr:] += par.view(np.int32)
-                    ln -= par.view(np.int32)
-                    ln += 1
-                    ln >>= 1
-            ts = t ^ mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[:, None]
+            # stable and recurring strata: the candidate window's offset in this drift epoch (0 for fresh ones)
+            ck = scol + tb["phase"]
+            ck >>= np.uint32(int(sp.drift_steps).bit_length() - 1)
+            ck *= np.uint32(0xC2B2AE35)
+            ck ^= t
+            ck *= np.uint32(0x9E3779B1)
+            ck >>= u16
+            ck *= tb["ck_mult"]
+            ck >>= u16
+            lo += ck.view(np.int32)
+            # fresh strata: the stratum's length (folded, halved, cut at the end of the history: the one stratum
+            # that straddles it, if not folded; strata left of it end before it, an unfolded one starts inside it)
+            ln = np.multiply(invalid, tb["fold_d"], dtype=np.int32)
+            ln += np.multiply(tb["mirror_cw"] > hcol, tb["half_d"], dtype=np.int32)
+            ln += tb["ln"]
+            np.minimum(ln, hcol - tb["start"], out=ln, where=~invalid)
+            if plan.early:  # fresh picks alternate position parity from step to step
+                par = (tb["par"] ^ (scol & np.uint32(1))) * (ln > 1)
+                par &= tb["fresh"]
+                lo += par.view(np.int32)
+                ln -= par.view(np.int32)
+                ln += 1
+                ln >>= 1
+            mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])
+            ts = t ^ mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[None, :, None]
             ts *= np.uint32(0x846CA68B)
             thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
             diverge = thr1 - (ts >> u16)  # query tokens > 0 redraw where the top bits reach spec_share
             diverge >>= np.uint32(31)
             qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
-            d = np.empty((r, kp), np.uint32)
+            d = np.empty(ts.shape, np.uint32)
             for qi in range(q):
                 if qi == 0:
                     np.multiply(ts, MIX32, out=d)
@@ -455,7 +485,7 @@ class SyntheticSelections:
                 d >>= tb["sh2"]
                 if plan.early:
                     d &= tb["mask"]
-                np.add(d.view(np.int32), lo, out=out[:, qi, s:s + kp], casting="unsafe")
+                np.add(d.view(np.int32), lo, out=out[:, :, qi, s:s + kp], casting="unsafe")
         return out
 
     def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
