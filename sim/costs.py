@@ -76,6 +76,10 @@ class CostModel:
     values: dict  # resolved cost keys (no nulls left except empty tables)
     provenance: dict
 
+    def __post_init__(self):
+        # efficiencies read from tables, per (kind, argument): the engine asks for them on every plan of every step
+        object.__setattr__(self, "_lookups", {})
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(cls, hardware: HardwareSpec | str, model: ModelSpec | str, calibration: Path | None = None,
@@ -154,12 +158,18 @@ class CostModel:
                    hbm_bytes / (self.hardware.hbm_bw_bytes_s * self.values["hbm_efficiency"]))
 
     def _efficiency(self, kind: str, row_bytes: float) -> float:
-        table = self.values.get(f"{kind}_row_efficiency_by_bytes") or {}
-        if table:
-            xs = np.array(sorted(float(k) for k in table))
-            ys = np.array([float(table[k]) for k in sorted(table, key=float)])
-            return float(np.interp(row_bytes, xs, ys))
-        return float(self.values[f"{kind}_row_efficiency"])
+        key = (kind, row_bytes)
+        eff = self._lookups.get(key)
+        if eff is None:
+            table = self.values.get(f"{kind}_row_efficiency_by_bytes") or {}
+            if table:
+                xs = np.array(sorted(float(k) for k in table))
+                ys = np.array([float(table[k]) for k in sorted(table, key=float)])
+                eff = float(np.interp(row_bytes, xs, ys))
+            else:
+                eff = float(self.values[f"{kind}_row_efficiency"])
+            self._lookups[key] = eff
+        return eff
 
     # ------------------------------------------------------------------ links
     def h2d_link_bytes(self, num_rows: float, row_bytes: float) -> float:
@@ -175,10 +185,13 @@ class CostModel:
         """Share of the PCIe H2D ceiling HiSparse's swap-in kernel reaches with `batch` requests (one thread block,
         30 warps, per request copy missed rows straight from pinned host memory): the calibration's per-batch table
         (hw: SGLang-shaped kernel), else the scalar fallback (the naive zero-copy gather, DESIGN §7)."""
-        table = self.values.get("hisparse_swapin_efficiency_by_batch") or {}
-        if table:
-            return _log_interp(max(batch, 1.0), table)
-        return float(self.values["hisparse_swapin_efficiency"])
+        key = ("hisparse_swapin", batch)
+        eff = self._lookups.get(key)
+        if eff is None:
+            table = self.values.get("hisparse_swapin_efficiency_by_batch") or {}
+            eff = _log_interp(max(batch, 1.0), table) if table else float(self.values["hisparse_swapin_efficiency"])
+            self._lookups[key] = eff
+        return eff
 
     def hisparse_swapin_link_bytes(self, num_rows: float, row_bytes: float, batch: float) -> float:
         """PCIe occupancy of the swap-in's copies: what the link carries (the calibrated exchange efficiency, or the

@@ -129,6 +129,7 @@ class Engine:
         self._orders: dict[tuple, GroupOrder] = {}  # (group map bytes, passes per distinct group) -> _order
         self._reps = (None, [], None)  # (group map bytes, simulated representatives, index of each group's)
         self._links_memo: dict[bytes, dict] = {}  # _links' inputs (exact bits) -> its result
+        self._net_bytes: dict = {}  # tokens of a step -> (all-gather, layer-collective) link bytes it adds
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -315,7 +316,8 @@ class Engine:
         for rep, layers in distinct:
             passes = by_rep.get(rep)
             if passes is None:
-                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common)
+                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common,
+                                                    shared)
             made.extend(GroupWork(layers=layers, **c, **links) for c, links in passes)
         return made
 
@@ -382,7 +384,7 @@ class Engine:
             ffn_s=shared["ffn_s"], collective_s=shared["collective_s"],
             prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
 
-    def _passes(self, b: Batch, r: int, rt: dict | None, rows, common: dict) -> list[tuple[dict, dict]]:
+    def _passes(self, b: Batch, r: int, rt: dict | None, rows, common: dict, shared: dict) -> list[tuple[dict, dict]]:
         """(compute, links) of each pass of one group: one; or p when the policy served the access batch in p
         sub-batches (its working set did not fit the GPU pool / local buffer at once). The indexer and its
         all-gather run once for the batch; each sub-batch (1/p of the requests) then runs the group's layers with its
@@ -392,9 +394,13 @@ class Engine:
         p = _num_passes(rt)
         if p == 1:
             return [(common, self._links(b, r, rt, rows, row) if rt else NO_LINKS)]
-        sub = Batch(b.run, b.hist, b.refs_req / p, b.n_total / p, b.tokens_total / p, b.ref_rank / p, b.hist_rank,
-                    b.n_rank / p)
-        c = self._compute(sub, r)
+        subs = shared.setdefault("sub_batches", {})  # p -> (sub-batch, its shared work): once per step
+        if p not in subs:
+            sub = Batch(b.run, b.hist, b.refs_req / p, b.n_total / p, b.tokens_total / p, b.ref_rank / p, b.hist_rank,
+                        b.n_rank / p)
+            subs[p] = (sub, self._shared_work(sub))
+        sub, sub_shared = subs[p]
+        c = self._compute(sub, r, sub_shared)
         links = self._links(sub, r, rt, tuple(x / p for x in rows), row)
         first = {**c, "indexer_s": common["indexer_s"], "allgather_s": common["allgather_s"]}
         rest = {**c, "indexer_s": 0.0, "allgather_s": 0.0}
@@ -469,7 +475,12 @@ class Engine:
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_all * m.num_layers
         row = m.kv_bytes_per_token_layer
-        allgather_b = sysm.indexer_allgather_bytes(b.tokens_total)
+        net = self._net_bytes.get(b.tokens_total)
+        if net is None:  # the step's all-gather and layer-collective bytes: a function of its token count
+            allgather_b = sysm.indexer_allgather_bytes(b.tokens_total)
+            net = self._net_bytes[b.tokens_total] = (
+                costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu,
+                costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu)
         st.steps += 1
         st.tokens += float(acc.sum())
         st.busy_s += step_s
@@ -479,8 +490,8 @@ class Engine:
         st.h2d_bytes += link_rows[0] * row
         st.d2h_bytes += link_rows[1] * row
         st.peer_bytes += link_rows[2] * row
-        st.allgather_bytes += costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu
-        st.collective_bytes += costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu
+        st.allgather_bytes += net[0]
+        st.collective_bytes += net[1]
         st.max_concurrency = max(st.max_concurrency, b.n_total)
         st.concurrency_sum += b.n_total
         self._footprint(self.prefill.holding(b.run))  # + requests whose prompt is being prefilled
