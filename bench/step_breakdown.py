@@ -1,0 +1,99 @@
+"""Where a batch-1 replay's decode steps spend CPU time: the engine's, timer's and policy runner's own methods vs the
+library's calls (UlaCache.access / commit / alloc_many), per step.
+
+Each method listed below is wrapped with a CPU-time accumulator (time.process_time; nested methods count in both,
+so the rows are cumulative, not additive). One replay, in this process, of 4 requests at max_concurrency 1.
+
+Usage: [PYTHONPATH=TREE] python bench/step_breakdown.py SYSTEM ATTENTION PRESET DRAFT [--max-steps N] [--label after]
+       [--out bench/results/step_speed.json]
+Writes the table under "breakdown" in the JSON (date, command, tree, machine, load). PYTHONPATH picks the simulator's
+tree (e.g. the commit before a change, unpacked with `git archive`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import sim
+import ulacache.cache as cache_mod
+from sim import engine, policy, timing
+from traces import synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WRAP = ((engine.Engine, ("_step", "_batch", "_policy_ratios", "_link_rows", "_shared_work", "_order", "_ranks_work", "_rank_work",
+                         "_epilogue", "_advance", "_account", "_footprint")),
+        (timing.StepTimer, ("run",)), (policy.PolicyRunner, ("run_step", "grow", "_access", "_ratios")),
+        (policy.AddressTable, ("lookup", "append")), (synthetic.SyntheticSelections, ("select", "select_groups")))
+LIBRARY = ("access", "commit", "alloc_many")
+
+
+def instrument(acc: dict) -> None:
+    def wrap(cls, name):
+        f = getattr(cls, name)
+        label = f"{cls.__name__}.{name}"
+
+        @functools.wraps(f)
+        def g(*a, **k):
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[label] = acc.get(label, 0.0) + time.process_time() - t
+        setattr(cls, name, g)
+
+    for cls, names in WRAP:
+        for name in names:
+            if hasattr(cls, name):  # an older tree (PYTHONPATH) may lack some
+                wrap(cls, name)
+    for cls in {v for v in vars(cache_mod).values() if isinstance(v, type) and hasattr(v, "alloc_many")}:
+        for name in LIBRARY:
+            wrap(cls, name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("system")
+    ap.add_argument("attention")
+    ap.add_argument("preset")
+    ap.add_argument("draft", type=int)
+    ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--label", default="after")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "step_speed.json")
+    args = ap.parse_args(argv)
+    cfg = {"system": args.system, "attention": args.attention, "hardware": {"preset": args.preset, "num_gpus": 8},
+           "policy": "pb-lru", "cpu_storage": True, "model": {"preset": "glm-5"},
+           "spec": {"draft_tokens": args.draft},
+           "workload": {"num_requests": 4, "max_concurrency": 1, "seed": 1, "max_steps": args.max_steps}}
+    acc: dict = {}
+    instrument(acc)
+    load = os.getloadavg()
+    t0 = time.process_time()
+    m = sim.replay(cfg)
+    total = time.process_time() - t0
+    steps = max(1, m["decode_steps"])
+    rows = {k: {"cpu_s": round(v, 3), "us_per_step": round(v / steps * 1e6)}
+            for k, v in sorted(acc.items(), key=lambda x: -x[1])}
+    print(f"total {total:.2f} CPU-s, {steps} steps, load {load[0]:.1f}")
+    for k, v in rows.items():
+        print(f"{k:40s} {v['cpu_s']:8.2f} s {v['us_per_step']:8d} us/step")
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {}
+    doc.setdefault("breakdown", {})[f"{args.label} {args.system}:{args.attention}:{args.preset}:{args.draft}"] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv), "tree": str(Path(sim.__file__).parents[1]),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
+        "load_before": [round(x, 2) for x in load], "total_cpu_s": round(total, 2), "decode_steps": steps,
+        "methods": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
