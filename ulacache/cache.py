@@ -8,7 +8,6 @@ and `read` return the old, valid places, and allocation, free, write and another
 from __future__ import annotations
 
 from collections import Counter
-from functools import partial
 
 import numpy as np
 
@@ -199,7 +198,7 @@ class UlaCache:
             self.buffers.plan(plan, places)
         else:
             plan.peer_rows_per_rank = np.zeros(self.config.num_ranks, dtype=np.int64)
-        plan._exchanges = partial(self._exchanges_of, plan)
+        plan._exchanges = self._exchanges_of  # called with the plan (no plan -> plan reference cycle)
         self._pending = plan
         return plan
 
