@@ -31,6 +31,8 @@ import math
 
 import numpy as np
 
+from sim.tables import GroupTables
+
 PILOT_MAX_ENTRIES = 24_000_000  # all pilot caches together: history entries + GPU copies (keeps a small run small)
 SELECT_ELEMS = 1 << 21  # selected positions fetched from the source at once (int64: 16 MiB)
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer", "passes")
@@ -216,7 +218,7 @@ class PolicyRunner:
         self.ks = self._stride(self.k)
         self.stride = cfg.fidelity.step_stride
         self.caches = {g: make_cache(g, self.k) for g in self.groups}
-        self.tables = {g: self._table(self.caches[g]) for g in self.groups}
+        self.tables = self._tables()
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
         self.sampled_per_space: dict[int, int] = {}
         self.space_of: dict[int, int] = {}
@@ -275,6 +277,11 @@ class PolicyRunner:
         size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
         return AddressTable(self.max_request_tokens, np.int32 if size < 2**31 - 1 else np.int64)
 
+    def _tables(self) -> GroupTables:
+        """The groups' address tables: one shared while their caches hand out the same addresses (sim/tables.py)."""
+        first = self.caches[self.groups[0]]
+        return GroupTables(self.groups, lambda: self._table(first))
+
     # ---- request lifecycle
     def admit(self, rid: int, space: int, rank: int, num_tokens: int, running_in_space: int,
               count_prompt: bool = True) -> bool:
@@ -286,9 +293,10 @@ class PolicyRunner:
         self.sampled_per_space[space] = count + 1
         self.space_of[rid] = space
         self.sampled[rid] = rank
+        self.tables.next_round()
         for g, cache in self.caches.items():
             addrs = cache.alloc(rid, int(num_tokens), rank=rank)
-            self.tables[g].add(rid, addrs)
+            self.tables.add(g, rid, addrs)
             tier, where, _ = cache.locate(addrs)
             n_ranks = cache.config.num_ranks
             cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
@@ -307,14 +315,15 @@ class PolicyRunner:
         cnt = np.array([c for _, c in keep], dtype=np.int64)
         ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(cnt)])
+        self.tables.next_round()
         for g, cache in self.caches.items():
             if hasattr(cache, "alloc_many"):
                 addrs = cache.alloc_many(ids, cnt, ranks)
                 for i, rid in enumerate(ids):
-                    self.tables[g].append(rid, addrs[offsets[i]:offsets[i + 1]])
+                    self.tables.append(g, rid, addrs[offsets[i]:offsets[i + 1]])
             else:
                 for rid, c, rk in zip(ids, cnt.tolist(), ranks.tolist()):
-                    self.tables[g].append(rid, cache.alloc(rid, c, rank=rk))
+                    self.tables.append(g, rid, cache.alloc(rid, c, rank=rk))
 
     def release(self, rid: int):
         if self.sampled.pop(rid, None) is None:
@@ -322,7 +331,7 @@ class PolicyRunner:
         self.sampled_per_space[self.space_of.pop(rid)] -= 1
         for g, cache in self.caches.items():
             cache.free(rid)
-            self.tables[g].remove(rid)
+            self.tables.remove(g, rid)
 
     # ---- one decode step
     def due(self, step: int) -> bool:
@@ -397,7 +406,8 @@ class PolicyRunner:
             self.groups, self.group_of = stratify(hit, self.layers, self.want)
         for g in list(self.caches):
             if g not in self.groups:
-                del self.caches[g], self.tables[g]
+                del self.caches[g]
+                self.tables.drop(g)
                 self.group_totals.pop(g, None)
         self.last = {g: self.last[g] for g in self.groups}
 
@@ -408,10 +418,10 @@ class PolicyRunner:
         starting cold mid-run (1.8 points of GPU hit rate lost at 40 steps, TP h200 x 8, 64 running)."""
         self.k = self.main_k
         self.ks = self._stride(self.k)
-        self.caches = self.tables = {}  # the pilot's caches go before the new ones are built
+        self.caches, self.tables = {}, None  # the pilot's caches go before the new ones are built
         release_memory()
         self.caches = {g: self.make_cache(g, self.k) for g in self.groups}
-        self.tables = {g: self._table(self.caches[g]) for g in self.groups}
+        self.tables = self._tables()
         self.sampled, self.sampled_per_space, self.space_of = {}, {}, {}
         self.prompt_cpu_rows = {}
         running: dict[int, int] = {}
