@@ -6,13 +6,17 @@ What grows with a replay (each figure from what it will simulate, not from the h
   given tokens under tracemalloc for both extreme placements of the phase's history: all in one space (DP: storage
   kept in rows as long as the fullest rank's then costs every rank's row) and spread evenly over the spaces (storage
   kept per rank then costs every rank's); the larger counts (`probe_cache`), x GROWTH for storage that grows by
-  doubling. The pilot's caches are freed (and the heap trimmed) before
-  the main phase grows, so the peak is the larger phase. The probe only estimates: no simulated choice reads it;
-- address tables (sim/policy.py): one row of the longest request per simulated running request, per group;
+  doubling. TP local buffers add their copies (`copies_held`: every rank's buffer full, a pilot's at most what its
+  steps reference) at the bytes per copy `probe_copies` measures, and each cache keeps its last access plan (bytes
+  per reference probed too). The pilot's caches are freed (and the heap trimmed) before the main phase grows, so the
+  peak is the larger phase. The probes only estimate: no simulated choice reads them;
+- address tables (sim/policy.py, shared by the groups: sim/tables.py): one, or one per group where TP caches may
+  hand out different addresses; rows doubled from 4 until the simulated requests fit, each the longest request;
 - per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
   `SCRATCH_BYTES_PER_REF` each, twice (the selection source's arrays and the library's);
 - the timeline: one record per decode step, assumed `TIMELINE_BYTES_PER_STEP`;
 - the process as it is now (interpreter, numpy, pandas, simpy, the workload): its resident set at the check.
+bench/memory_bench.py compares the estimate with the measured peaks (bench/results/memory.json).
 The limit is the smallest of `--max-memory-gb`, what the machine has available (MemAvailable plus this process's
 resident set) and an address-space rlimit (less what the process maps beyond its resident set).
 """
@@ -26,7 +30,8 @@ import numpy as np
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
-GROWTH = 1.5  # the library's storage grows by doubling: between 1x and 2x the entries it holds, 1.5x on average
+GROWTH = 1.5  # the library's storage grows by doubling: 1x-2x the entries it holds (with the fullest-rank bound:
+#               above every measured peak, bench/results/memory.json; 2x refused DP replays that fit)
 PROBE_TOKENS = 1 << 17  # tokens a probe allocates at most (beyond: extrapolated per entry)
 
 
@@ -116,6 +121,60 @@ def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, 
     return out
 
 
+def probe_copies(make_cache, k: int) -> tuple[float, float]:
+    """(bytes per GPU copy of another rank's entry (TP local buffers, else 0), bytes per reference of the last access
+    plan a cache keeps). A cache given PROBE_TOKENS tokens is accessed, under tracemalloc, in batches that fit (TP:
+    until every rank's buffer is full), then once with one reference (so that the plan it keeps is small): bytes
+    then / copies held (the buffer pool's rows, the slot maps' keys), and what the large batch's kept plan cost / its
+    references. Memoized."""
+    memo = make_cache.__dict__.setdefault("copy_probes", {}) if hasattr(make_cache, "__dict__") else {}
+    if k in memo:
+        return memo[k]
+    from ulacache import CapacityError
+
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        cache = make_cache(0, k)
+        c = cache.config
+        slots = c.effective_local_buffer_slots if c.mode == "tp" and c.policy != "hisparse" else 0
+        per_copy = per_ref = 0.0
+        n = max(1, min(PROBE_TOKENS, _room(cache)))
+        cache.alloc_many([0], np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64))
+        addrs = cache.request_addresses(0)
+        before = tracemalloc.get_traced_memory()[0]
+        batch, lo, fetched, plan = max(1, min(n, slots or n, c.gpu_slots)), 0, 0, None
+        if batch:
+            while lo < n and (fetched < c.num_ranks * slots or plan is None):
+                try:
+                    plan = cache.access(addrs[lo:lo + batch].reshape(1, 1, -1))
+                except CapacityError:
+                    if batch == 1:
+                        break
+                    batch //= 2
+                    continue
+                cache.commit(plan)
+                fetched += int(plan.num_peer_fetches)
+                lo += batch
+            del plan
+            filled = tracemalloc.get_traced_memory()[0]
+            try:
+                cache.commit(cache.access(addrs[:1].reshape(1, 1, 1)))
+            except CapacityError:
+                pass
+            settled = tracemalloc.get_traced_memory()[0]
+            held = min(fetched, c.num_ranks * slots)
+            per_copy = max(settled - before, 0) / held if held else 0.0
+            per_ref = max(filled - settled, 0) / batch
+        del cache
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    memo[k] = out = (per_copy, per_ref)
+    return out
+
+
 def entries_held(cache_config, bound, k: int) -> int:
     """History entries plus GPU copies one cache may hold at stride k: the run's state (`RunBound`, every space) and
     the copies its configuration allows (TP local buffers of every rank; hisparse device buffers). A count of what
@@ -129,6 +188,28 @@ def entries_held(cache_config, bound, k: int) -> int:
     else:
         copies = 0
     return int(bound.cache_entries(k)) + int(copies)
+
+
+def copies_held(cache_config, bound, k: int, refs_per_step: int, steps: int | None = None) -> int:
+    """GPU copies of other ranks' entries one cache may hold (TP local buffers): every rank's buffer full, at most
+    the entries homed on the other ranks, and within `steps` policy steps (a pilot) at most what they reference."""
+    c = cache_config
+    if c.mode != "tp" or c.policy == "hisparse" or c.num_ranks < 2:
+        return 0
+    entries = int(bound.cache_entries(k))
+    per_rank = min(int(c.effective_local_buffer_slots), entries - entries // c.num_ranks)
+    if steps is not None:
+        per_rank = min(per_rank, steps * bound.cache_requests(k) * refs_per_step)
+    return c.num_ranks * per_rank
+
+
+def table_bytes(cache_config, bound, k: int, max_len: int) -> float:
+    """One address table of the runner (sim/policy.AddressTable): rows doubled from 4 until the simulated
+    requests fit, each as long as the longest request."""
+    rows = 4 * 2 ** max(0, math.ceil(math.log2(max(bound.cache_requests(k), 4) / 4)))
+    c = cache_config
+    places = c.num_ranks * (c.gpu_slots + c.cpu_slots)
+    return float(rows * (max_len + 1) * (4 if places < 2**31 - 1 else 8))  # + the padding column
 
 
 def _room(cache) -> int:
@@ -154,18 +235,27 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         phases = PolicyRunner.phases(cfg, bound, make_cache)  # [(caches held at once, request stride)]
         max_len = int(bound.totals[0])
         best = 0.0
-        for n_caches, k in phases:
+        for i, (n_caches, k) in enumerate(phases):
+            config = make_cache.config(k)
             fixed, fill = probe_cache(make_cache, k, bound.cache_entries(k), bound.balanced_slots(k))
-            caches = n_caches * (fixed + GROWTH * fill)
-            rows = max(4, bound.cache_requests(k))
-            tables = n_caches * rows * max_len * 4.0
+            pilot = cfg.fidelity.pilot_steps if i < len(phases) - 1 else None  # a pilot runs pilot_steps steps
+            copies = copies_held(config, bound, k, q * top_k, pilot)
+            per_copy, per_ref = probe_copies(make_cache, k)
+            last_plan = per_ref * bound.cache_requests(k) * q * top_k  # each cache keeps its last access plan
+            caches = n_caches * (fixed + GROWTH * (fill + copies * per_copy) + last_plan)
+            tables = (n_caches if config.mode == "tp" else 1) * table_bytes(config, bound, k, max_len)
             if caches + tables > best:
                 best = caches + tables
                 out["caches_bytes"], out["tables_bytes"] = caches, tables
                 out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.balanced_slots(k), k
                 out["probe_fixed_bytes"], out["probe_history_bytes"] = fixed, fill
-        refs = bound.cache_requests(phases[-1][1]) * q * top_k
-        out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF
+                out["copies_per_cache"], out["probe_copy_bytes"], out["probe_plan_ref_bytes"] = copies, per_copy, per_ref
+        from sim.policy import SELECT_ELEMS
+
+        refs = max(bound.cache_requests(k) * q * top_k for _, k in phases)
+        # the library's and the source's per-reference arrays, + the selections fetched for several groups at once
+        # (the source's result and its working copy, int64)
+        out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF + 2.0 * 8 * max(refs, SELECT_ELEMS)
     out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
     return out
 

@@ -94,3 +94,31 @@ def test_pilot_stride_never_reads_the_library_memory(profile, monkeypatch):
 
     monkeypatch.setattr(footprint, "probe_cache", boom)
     assert PolicyRunner.phases(c, make.bound, make) == before
+
+
+@pytest.mark.parametrize("system,attention", [("ulacache", "tp"), ("ulacache", "dp"), ("hisparse", "dp")])
+def test_estimate_covers_what_the_replay_allocates(profile, monkeypatch, system, attention):
+    """What the replay allocates after the check (tracemalloc: deterministic, unlike a resident set) stays within
+    the estimate less the process it measured: an estimate below it would let a replay that does not fit start."""
+    import tracemalloc
+
+    cfg = _config(profile, system=system, attention=attention, hardware={"preset": "h200", "num_gpus": 4},
+                  fidelity={"policy_groups": 2, "pilot_steps": 4, "request_fraction": 1.0})
+    seen = {}
+    check = footprint.check
+
+    def traced_check(*args, **kwargs):
+        seen["est"] = check(*args, **kwargs)
+        seen["at_check"] = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        return seen["est"]
+
+    monkeypatch.setattr(footprint, "check", traced_check)
+    tracemalloc.start()
+    try:
+        sim.replay(cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    est = seen["est"]
+    assert peak - seen["at_check"] <= est["peak_bytes"] - est["process_bytes"], (peak - seen["at_check"], est)
