@@ -241,7 +241,9 @@ def estimate(cfg, system, requests, make_cache) -> dict:
             pilot = cfg.fidelity.pilot_steps if i < len(phases) - 1 else None  # a pilot runs pilot_steps steps
             copies = copies_held(config, bound, k, q * top_k, pilot)
             per_copy, per_ref = probe_copies(make_cache, k)
-            last_plan = per_ref * bound.cache_requests(k) * q * top_k  # each cache keeps its last access plan
+            # each cache keeps its last access plan: with TP local buffers, per-rank arrays of every reference (a DP
+            # or hisparse plan's, measured ~0.5 MB in the pinned-keys pilots, is within the fill's margin)
+            last_plan = per_ref * bound.cache_requests(k) * q * top_k if copies else 0.0
             caches = n_caches * (fixed + GROWTH * (fill + copies * per_copy) + last_plan)
             tables = (n_caches if config.mode == "tp" else 1) * table_bytes(config, bound, k, max_len)
             if caches + tables > best:
