@@ -34,12 +34,8 @@ class RefRequest:
 
 
 def buffer_tokens(c: UlaCache, rid: int):
-    pol = c.policy
-    idx = c.space.requests[rid].index
-    region = pol.region_of[idx]
-    base = int(pol.region_base(np.array([region]))[0])
-    order = pol.gowner[base + pol.lru[region]].tolist()
-    return [None if t < 0 else t for t in order], int(pol.gowner[base + pol.D])
+    order, newest = c.policy.buffer_contents(rid)
+    return [None if t < 0 else t for t in order.tolist()], newest
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -29,11 +29,14 @@ from ..pools import CpuPools, IdStack, RankRows, id_dtype, pad64
 
 @dataclass
 class _HsState:
-    rows: np.ndarray  # regions whose LRU order changes
-    new_order: np.ndarray
-    miss_addrs: np.ndarray
-    miss_slots: np.ndarray
-    victims: np.ndarray
+    rows: np.ndarray  # LRU storage rows whose order changes (ascending)
+    new_order: np.ndarray  # their new orders, flat (rows.size * D)
+    miss_addrs: np.ndarray  # by row, ascending address within a row
+    miss_ix: np.ndarray  # their address storage positions
+    miss_local: np.ndarray  # the slot each takes within its region
+    miss_cell: np.ndarray  # its cell in the flat buffer-owner table
+    miss_slots: np.ndarray  # its GPU place
+    victims: np.ndarray  # address whose copy each miss replaces (-1 none)
 
 
 class HiSparsePolicy:
@@ -54,15 +57,22 @@ class HiSparsePolicy:
         self.num_places = self.num_gpu_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.cpu_slots, self.num_places, track_requests=True)
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
-        self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> LRU storage row
-        self.grows = RankRows(R, self.seg, self.seg)  # GPU place -> gowner storage position
-        self.lru = np.zeros((0, D), dtype=np.int32)
-        # by address storage: slot of a resident copy within its request's region (0..D), -1 none (int16 while D
-        # fits: the place is the region's base + that slot); by GPU storage: the address held (int32 if it fits)
-        self.slot_of = np.zeros(0, dtype=np.int16 if D < 2**15 - 1 else np.int32)
-        self.gowner = np.zeros(0, dtype=id_dtype(self.space.size))
+        self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> storage row
+        # By region storage row: the LRU order of the D buffer slots (least recent first), the address held in each
+        # of the D + 1 slots (-1 none; slot D = the newest token) and the GPU place of slot 0.
+        slot_dtype = np.int16 if D < 2**15 - 1 else np.int32
+        self.lru = np.zeros((0, D), dtype=slot_dtype)
+        self.gowner = np.zeros((0, D + 1), dtype=id_dtype(self.space.size))
+        self.row_base = np.zeros(0, dtype=np.int64)
+        # by address storage: slot of a resident copy within its request's region (0..D), -1 none
+        self.slot_of = np.zeros(0, dtype=slot_dtype)
+        self._uslot = np.dtype(f"u{self.slot_of.itemsize}")  # unsigned view: one compare tests 0 <= slot < D
         self.space.listeners.append(self._grow_space)
-        self.region_of = np.full(16, -1, dtype=np.int64)  # by request index
+        # by request index: region, its storage row, that row again while the LRU order is live (history > D + 1,
+        # else -1: the fast path), history length, newest token
+        self.region_of = np.full(16, -1, dtype=np.int64)
+        self.row_of = np.full(16, -1, dtype=np.int64)
+        self.lrow_of = np.full(16, -1, dtype=np.int64)
         self.hist_len = np.zeros(16, dtype=np.int64)
         self.newest = np.full(16, -1, dtype=np.int64)
         self.step = 0
@@ -73,36 +83,36 @@ class HiSparsePolicy:
     def _grow_space(self, old: int) -> None:
         self.slot_of = self.space.rows.relayout(self.slot_of, old, -1)
 
-    def _grow_regions(self, regions: np.ndarray) -> None:
-        """Storage for the LRU orders and device-buffer slots of newly claimed regions."""
-        local = regions % self.regions_per_rank
-        need = int(local.max()) + 1
-        if need > self.regrows.cap:
-            old = self.regrows.grow(need)
-            self.lru = self.regrows.relayout(self.lru, old, 0)
-            self.lru.reshape(self.R, self.regrows.cap, self.D)[:, old:] = np.arange(self.D, dtype=np.int32)
-        need = need * (self.D + 1)
-        if need > self.grows.cap:
-            old = self.grows.grow(need)
-            self.gowner = self.grows.relayout(self.gowner, old, -1)
-
-    def _g(self, places: np.ndarray) -> np.ndarray:
-        return self.grows.index(places)
+    def _grow_regions(self, region: int) -> None:
+        """Storage rows up to a newly claimed region (LRU orders, owners, bases); live requests' rows re-mapped."""
+        need = region % self.regions_per_rank + 1
+        if need <= self.regrows.cap:
+            return
+        old = self.regrows.grow(need)
+        self.lru = self.regrows.relayout(self.lru, old, 0)
+        self.lru.reshape(self.R, self.regrows.cap, self.D)[:, old:] = np.arange(self.D, dtype=self.lru.dtype)
+        self.gowner = self.regrows.relayout(self.gowner, old, -1)
+        self.row_base = self.region_base(self.regrows.ids(np.arange(self.lru.shape[0], dtype=np.int64)))
+        live = np.flatnonzero(self.region_of >= 0)
+        self.row_of[live] = self.regrows.index(self.region_of[live])
+        self.lrow_of[live] = np.where(self.lrow_of[live] >= 0, self.row_of[live], -1)
 
     def resident_places(self, addrs: np.ndarray) -> np.ndarray:
         """GPU place of each allocated address's device-buffer copy, -1 where it has none."""
         ix = self.space.index(addrs)
         local = self.slot_of[ix].astype(np.int64)
-        base = self.region_base(self.region_of[self.space.req_of[ix]])
+        base = self.row_base[self.row_of[self.space.req_of[ix]]]
         return np.where(local >= 0, base + local, -1)
-
-    def _set_resident(self, ix: np.ndarray, places: np.ndarray) -> None:
-        """Record copies at GPU places (stored as the slot within the region: place % seg % (D + 1))."""
-        self.slot_of[ix] = places % self.seg % (self.D + 1)
 
     def region_base(self, regions: np.ndarray) -> np.ndarray:
         rank = regions // self.regions_per_rank
         return rank * self.seg + (regions % self.regions_per_rank) * (self.D + 1)
+
+    def buffer_contents(self, request_id: int) -> tuple[np.ndarray, int]:
+        """(addresses in the request's LRU slots, least recent first, -1 empty; the newest token's address)."""
+        row = int(self.row_of[self.space.requests[request_id].index])
+        own = self.gowner[row]
+        return own[self.lru[row]].astype(np.int64), int(own[self.D])
 
     # -- capacity ------------------------------------------------------------------------------------------------------
     def _per_rank(self, x: np.ndarray) -> np.ndarray:
@@ -123,7 +133,7 @@ class HiSparsePolicy:
     def _grow(self, n: int) -> None:
         if n > self.region_of.size:
             size = max(n, 2 * self.region_of.size)
-            for name, fill in (("region_of", -1), ("hist_len", 0), ("newest", -1)):
+            for name, fill in (("region_of", -1), ("row_of", -1), ("lrow_of", -1), ("hist_len", 0), ("newest", -1)):
                 old = getattr(self, name)
                 new = np.full(size, fill, dtype=np.int64)
                 new[: old.size] = old
@@ -131,134 +141,179 @@ class HiSparsePolicy:
 
     # -- allocation ----------------------------------------------------------------------------------------------------
     def alloc_many(self, request_ids, counts, ranks, tp):
-        space, R, D = self.space, self.R, self.D
-        ranks = np.zeros_like(ranks) if self.tp else ranks
-        reqs = [space.request(rid, int(r)) for rid, r in zip(request_ids, ranks.tolist())]
-        new = np.array([rid not in space.requests for rid in request_ids], dtype=bool)
-        need_cpu = np.bincount(ranks, weights=counts, minlength=R).astype(np.int64)
-        need_reg = np.bincount(ranks[new], minlength=R)
-        cfree = self.cpu.num_free()
-        for r in range(R):  # loop over ranks: all checks before any change
+        """Per-token work: the ids and CPU places popped and recorded; the buffer layout touches <= D + 1 tokens per
+        request and one rank's free lists only when it allocates."""
+        space, D = self.space, self.D
+        rk = [0] * len(request_ids) if self.tp else ranks.tolist()
+        cnt = counts.tolist()
+        reqs = [space.request(rid, r) for rid, r in zip(request_ids, rk)]
+        new = [rid not in space.requests for rid in request_ids]
+        need_cpu, need_reg = np.zeros(self.R, dtype=np.int64), {}
+        for r, c, nw in zip(rk, cnt, new):  # loop over requests (a batch's few)
+            need_cpu[r] += c
+            need_reg[r] = need_reg.get(r, 0) + nw
+        for r in sorted(set(rk)):  # loop over the ranks allocating: all checks before any change
             if need_reg[r] > len(self.regions[r]):
-                raise CapacityError(f"no free hisparse device buffer on rank {r} for {int(need_reg[r])} new requests")
-            if need_cpu[r] > cfree[r]:
-                raise CapacityError(f"cannot allocate {int(need_cpu[r])} tokens on rank {r}: {int(cfree[r])} CPU slots free")
-        n = int(counts.sum())
-        tok_rank = np.repeat(ranks, counts)
-        addrs = np.empty(n, dtype=np.int64)
-        places = np.empty(n, dtype=np.int64)
-        space.reserve(need_cpu)  # one re-layout of the address tables for every rank that grows
-        for r in range(R):  # loop over ranks
-            idx = np.flatnonzero(tok_rank == r)
-            addrs[idx] = space.pop_ids(r, idx.size)
-            places[idx] = self.cpu.free[r].pop(idx.size)
-            self.pending_d2h[r] += idx.size  # prefill backed up whole, each decode token once
-        space.set_places(addrs, places)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
+                raise CapacityError(f"no free hisparse device buffer on rank {r} for {need_reg[r]} new requests")
+            free = len(self.cpu.free[r])
+            if need_cpu[r] > free:
+                raise CapacityError(f"cannot allocate {int(need_cpu[r])} tokens on rank {r}: {free} CPU slots free")
+        addrs, places = self._pop(rk, cnt, need_cpu)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
         for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
             space.register(rid, reqs[i], addrs[offsets[i]:offsets[i + 1]])
-        idx = np.array([q.index for q in reqs], dtype=np.int64)
-        self._grow(int(idx.max()) + 1 if idx.size else 0)
-        for i in np.flatnonzero(new).tolist():  # loop over new requests: claim a device buffer
-            self.region_of[idx[i]] = int(self.regions[int(ranks[i])].pop(1)[0])
-            self._grow_regions(self.region_of[idx[i]: idx[i] + 1])
-            base = int(self.region_base(self.region_of[idx[i]: idx[i] + 1])[0])
-            self.lru[self.regrows.index(self.region_of[idx[i]])] = np.arange(D, dtype=np.int32)
-            self.gowner[self._g(np.arange(base, base + D + 1))] = -1
-        # Residency (the fast-path layout): the previous newest token and every new token but the last take LRU slot
-        # `position` while position < D; the last new token takes the newest-token slot. Only <= D tokens per
-        # request are touched, whatever the prefill length.
-        has = counts > 0
-        idx, cnt, first = idx[has], counts[has], offsets[:-1][has]
-        base = self.region_base(self.region_of[idx])
-        old_len, old_newest = self.hist_len[idx], self.newest[idx]
-        prev = np.flatnonzero(old_len > 0)
-        p_addr, p_slot = old_newest[prev], base[prev] + old_len[prev] - 1
-        p_keep = np.flatnonzero(old_len[prev] - 1 < D)
-        ix = space.index
-        moved_src = self.resident_places(p_addr[p_keep])
-        self.slot_of[ix(p_addr)] = -1
-        self._set_resident(ix(p_addr[p_keep]), p_slot[p_keep])
-        self.gowner[self._g(p_slot[p_keep])] = p_addr[p_keep]
-        self.alloc_moves = (moved_src, p_slot[p_keep])  # newest slot -> LRU slot: the bytes move inside HBM
-        fill = np.clip(np.minimum(old_len + cnt - 1, D) - old_len, 0, None)
-        rep = np.repeat(np.arange(idx.size), fill)
-        j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
-        t_addr, t_slot = addrs[first[rep] + j], base[rep] + old_len[rep] + j
-        self._set_resident(ix(t_addr), t_slot)
-        self.gowner[self._g(t_slot)] = t_addr
-        self.newest[idx] = addrs[first + cnt - 1]
-        self.slot_of[ix(self.newest[idx])] = D
-        self.gowner[self._g(base + D)] = self.newest[idx]
-        self.hist_len[idx] = old_len + cnt
+        qix = [q.index for q in reqs]
+        self._grow(max(qix) + 1 if qix else 0)
+        for i in (i for i, nw in enumerate(new) if nw):  # loop over new requests: claim a device buffer
+            self._claim(qix[i], rk[i])
+        has = [i for i, c in enumerate(cnt) if c > 0]
+        self.alloc_moves = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if has:
+            self._place_new(np.array([qix[i] for i in has], dtype=np.int64), counts.take(has),
+                            np.array([offsets[i] for i in has], dtype=np.int64), addrs)
         return addrs
+
+    def _pop(self, rk: list, cnt: list, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Addresses and CPU places of the new tokens, in request order (each rank's popped in request order)."""
+        space = self.space
+        used = [r for r in range(self.R) if need[r]]
+        if not used:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        space.reserve(need)  # one re-layout of the address tables for every rank that grows
+        got = {}
+        for r in used:  # loop over the ranks allocating
+            n = int(need[r])
+            got[r] = (space.pop_ids(r, n), self.cpu.free[r].pop(n))
+            self.pending_d2h[r] += n  # prefill backed up whole, each decode token once
+        if len(used) == 1:
+            addrs, places = got[used[0]]
+        else:
+            at = dict.fromkeys(used, 0)
+            parts = []
+            for r, c in zip(rk, cnt):  # loop over requests: their slice of their rank's tokens
+                if c:
+                    parts.append((r, at[r], at[r] + c))
+                    at[r] += c
+            addrs = np.concatenate([got[r][0][a:b] for r, a, b in parts])
+            places = np.concatenate([got[r][1][a:b] for r, a, b in parts])
+        space.set_places(addrs, places)
+        return addrs, places
+
+    def _claim(self, q: int, rank: int) -> None:
+        """Give request index q a free device buffer (region) of its rank, empty, in LRU order 0..D-1."""
+        region = int(self.regions[rank].pop(1)[0])
+        self._grow_regions(region)
+        row = int(self.regrows.index(np.array([region]))[0])
+        self.region_of[q], self.row_of[q], self.lrow_of[q] = region, row, -1
+        self.lru[row] = np.arange(self.D, dtype=self.lru.dtype)
+        self.gowner[row] = -1
+
+    def _place_new(self, q: np.ndarray, cnt: np.ndarray, first: np.ndarray, addrs: np.ndarray) -> None:
+        """Residency (the fast-path layout): the previous newest token and every new token but the last take LRU
+        slot `position` while position < D; the last new token takes the newest-token slot D."""
+        D, ix, own = self.D, self.space.index, self.gowner.reshape(-1)
+        old_len, rows = self.hist_len[q], self.row_of[q]
+        last = addrs[first + cnt - 1]
+        prev = np.flatnonzero(old_len > 0)
+        if prev.size:  # the previous newest token leaves slot D: to LRU slot old_len - 1 while that is < D
+            p_addr, p_slot = self.newest[q[prev]], old_len[prev] - 1
+            keep = np.flatnonzero(p_slot < D)
+            if keep.size:
+                k_addr, k_slot, k_row = p_addr[keep], p_slot[keep], rows[prev[keep]]
+                self.alloc_moves = (self.resident_places(k_addr), self.row_base[k_row] + k_slot)  # moves in HBM
+                own[k_row * (D + 1) + k_slot] = k_addr
+            self.slot_of[ix(p_addr)] = np.where(p_slot < D, p_slot, -1)
+        fill = np.minimum(old_len + cnt - 1, D) - old_len  # new tokens (not the last) that take LRU slots
+        if (fill > 0).any():
+            fill = np.maximum(fill, 0)
+            rep = np.repeat(np.arange(q.size), fill)
+            j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
+            t_addr, t_slot = addrs[first[rep] + j], old_len[rep] + j
+            self.slot_of[ix(t_addr)] = t_slot
+            own[rows[rep] * (D + 1) + t_slot] = t_addr
+        self.slot_of[ix(last)] = D
+        own[rows * (D + 1) + D] = last
+        self.newest[q] = last
+        self.hist_len[q] = old_len + cnt
+        self.lrow_of[q] = np.where(old_len + cnt > D + 1, rows, -1)
 
     # -- access --------------------------------------------------------------------------------------------------------
     def access(self, plan: Plan, places: np.ndarray) -> None:
+        """Hits, misses and each touched request's new LRU order. Work: the batch, plus D per request whose order
+        changes (its order is rebuilt whole, a few vectorized passes over all such requests at once)."""
         be, D, space = self.be, self.D, self.space
         uniq = plan.addrs
         uix = space.index(uniq)
         local = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uix)))  # slot in the region, -1 none
-        hit = local >= 0
-        req = space.req_of[uix].astype(np.int64)
-        miss_idx = np.flatnonzero(~hit)  # flatnonzero + take: much faster than boolean-mask indexing
-        miss_addrs, miss_req = uniq.take(miss_idx), req.take(miss_idx)
+        req = space.req_of.take(uix)
+        lrow = self.lrow_of.take(req)  # -1: fast path (no LRU update)
+        miss_idx = np.flatnonzero(local < 0)
         plan.num_hits, plan.num_misses = int(uniq.size - miss_idx.size), int(miss_idx.size)
-        lru_hit = hit & (local != D) & (self.hist_len[req] > D + 1)  # fast path: no update
-        lru_hit_idx = np.flatnonzero(lru_hit)
-        miss_region = self.region_of[miss_req]
-        lrow = self.regrows.index
-        touched = np.zeros(self.lru.shape[0], dtype=bool)  # LRU rows whose order changes (ascending = by region)
-        touched[lrow(self.region_of[req.take(lru_hit_idx)])] = True
-        touched[lrow(miss_region)] = True
-        rows = np.flatnonzero(touched)
-        new_order, miss_slots, victims = self.lru[rows], np.zeros(0, np.int64), np.zeros(0, np.int64)
+        hit_idx = np.flatnonzero((local.view(self._uslot) < D) & (lrow >= 0))  # LRU hits (not the newest token)
+        hit_row, miss_row = lrow.take(hit_idx), self.row_of.take(req.take(miss_idx))
+        nrows = self.lru.shape[0]
+        m = np.bincount(miss_row, minlength=nrows)
+        mh = m + np.bincount(hit_row, minlength=nrows)
+        rows = np.flatnonzero(mh)
+        z = np.zeros(0, np.int64)
+        st = _HsState(rows, z, uniq[:0], z, z, z, z, z)
+        move_src = places[:0]
         if rows.size:
-            row_of_region = np.full(self.lru.shape[0], -1, dtype=np.int64)
-            row_of_region[rows] = np.arange(rows.size)
-            base = self.region_base(self.regrows.ids(rows))
-            hitmark = np.zeros(self.gowner.size, dtype=bool)
-            hit_req = req.take(lru_hit_idx)
-            hitmark[self._g(self.region_base(self.region_of[hit_req]) + local.take(lru_hit_idx))] = True
-            order = self.lru[rows]
-            slots2d = base[:, None] + order
-            H = hitmark[self._g(slots2d)]
-            miss_row = row_of_region[lrow(miss_region)]
-            m = np.bincount(miss_row, minlength=rows.size)
-            htot = H.sum(axis=1)
-            if (m + htot > D).any():
-                bad = int(np.flatnonzero(m + htot > D)[0])
+            if (mh.take(rows) > D).any():
+                bad = int(rows[np.flatnonzero(mh.take(rows) > D)[0]])
                 raise CapacityError(
-                    f"a hisparse request selects {int(m[bad] + htot[bad])} distinct non-newest tokens in one batch; "
+                    f"a hisparse request selects {int(mh[bad])} distinct non-newest tokens in one batch; "
                     f"its device buffer holds {D}"
                 )
-            e_idx = np.cumsum(~H, axis=1, dtype=np.int32) - 1
-            h_idx = np.cumsum(H, axis=1, dtype=np.int32) - 1
-            mm, ht = m[:, None], htot[:, None]
-            front = D - ht - mm
-            newpos = np.where(H, D - ht + h_idx, np.where(e_idx < mm, front + (mm - 1 - e_idx), e_idx - mm))
-            new_order = np.empty_like(order)
-            np.put_along_axis(new_order, newpos, order, axis=1)
-            take = ~H & (e_idx < mm)
-            miss_slots = slots2d.ravel().take(np.flatnonzero(take.ravel()))  # by row, least recent first
-            miss_addrs = miss_addrs.take(np.argsort(miss_row, kind="stable"))
-            victims = self.gowner[self._g(miss_slots)]
-        rep = self.replicas
+            kmap = np.cumsum(mh > 0) - 1  # storage row -> position among the touched rows
+            mr = m.take(rows)
+            st.new_order, st.miss_local = self._reorder(rows, mr, mh.take(rows) - mr, kmap.take(hit_row),
+                                                        local.take(hit_idx))
+            perm = miss_idx.take(np.argsort(kmap.take(miss_row), kind="stable"))  # misses by (row, address)
+            st.miss_addrs, st.miss_ix, move_src = uniq.take(perm), uix.take(perm), places.take(perm)
+            mrow = np.repeat(rows, mr)
+            st.miss_cell = mrow * (D + 1) + st.miss_local
+            st.miss_slots = self.row_base.take(mrow) + st.miss_local
+            st.victims = self.gowner.reshape(-1).take(st.miss_cell)
         plan.num_exchanges = 0
-        h2d = np.bincount(space.home(miss_addrs), minlength=self.R).astype(np.int64)
+        h2d = np.bincount(space.home(st.miss_addrs), minlength=self.R).astype(np.int64)
         plan.h2d_rows_per_rank = self._per_rank(h2d) if self.tp else h2d
-        plan.d2h_rows_per_rank = self._per_rank(self.pending_d2h.copy()) if rep > 1 else self.pending_d2h.copy()
-        plan.move_src = space.places(miss_addrs)
-        plan.move_dst = miss_slots
-        plan.policy_state = _HsState(rows, new_order.astype(np.int32), miss_addrs, miss_slots, victims)
+        plan.d2h_rows_per_rank = self._per_rank(self.pending_d2h.copy()) if self.replicas > 1 else self.pending_d2h.copy()
+        plan.move_src = move_src
+        plan.move_dst = st.miss_slots
+        plan.policy_state = st
+    def _reorder(self, rows: np.ndarray, m: np.ndarray, h: np.ndarray, hit_k: np.ndarray, hit_local: np.ndarray):
+        """New LRU orders of the touched rows (flat) and the slots the misses take (by row, least recent first).
+        Row k with h[k] hits and m[k] misses: its first m[k] evictable (non-hit) slots take the misses and sit,
+        reversed, just below the hits; the other evictable slots move to the front in order; the hits keep their
+        relative order at the MRU end. One pass per step over all rows: hit flags by position, their running count,
+        each slot's new position, one scatter."""
+        D, K = self.D, rows.size
+        it = np.int32 if K * D < 2**31 - 1 else np.int64
+        order = self.lru.take(rows, axis=0)  # (K, D) slots, least recent first
+        off = np.arange(0, K * D, D, dtype=it)[:, None]
+        flag = np.zeros(K * D, dtype=bool)
+        flag[hit_k * D + hit_local] = True  # hit slots, by slot
+        hit = flag.take(order + off)  # hit slots, by LRU position
+        hc = np.cumsum(hit, axis=1, dtype=it)  # hits up to each position
+        e = np.arange(D, dtype=it) - hc  # evictable slots before each position
+        mm = m.astype(it)[:, None]
+        lo = e < mm  # (at evictable positions) one of the first m
+        c = (D - 1 - h).astype(it)[:, None] + off
+        newpos = np.where(hit, c + hc, np.where(lo, c - e, e + (off - mm)))
+        new_order = np.empty(K * D, dtype=order.dtype)
+        new_order[newpos.reshape(-1)] = order.reshape(-1)
+        return new_order, order.reshape(-1).take(np.flatnonzero(lo > hit))
 
     def commit(self, plan: Plan) -> None:
         st = plan.policy_state
-        self.lru[st.rows] = st.new_order
-        ix = self.space.index
-        self.slot_of[ix(st.victims[st.victims >= 0])] = -1
-        self._set_resident(ix(st.miss_addrs), st.miss_slots)
-        self.gowner[self._g(st.miss_slots)] = st.miss_addrs
+        if st.rows.size:
+            self.lru[st.rows] = st.new_order.reshape(st.rows.size, self.D)
+            v = st.victims[st.victims >= 0]
+            if v.size:
+                self.slot_of[self.space.index(v)] = -1
+            self.slot_of[st.miss_ix] = st.miss_local
+            self.gowner.reshape(-1)[st.miss_cell] = st.miss_addrs
         self.pending_d2h[:] = 0
         self.step = plan.now
 
@@ -267,13 +322,17 @@ class HiSparsePolicy:
         space = self.space
         req = space.requests[request_id]
         addrs = req.addresses()
-        region = int(self.region_of[req.index])
-        base = int(self.region_base(np.array([region]))[0])
-        self.slot_of[space.index(addrs)] = -1
-        self.gowner[self._g(np.arange(base, base + self.D + 1))] = -1
-        self.lru[self.regrows.index(region)] = np.arange(self.D, dtype=np.int32)
+        q = req.index
+        region, row = int(self.region_of[q]), int(self.row_of[q])
+        held = self.gowner[row]
+        held = held[held >= 0]  # the request's copies: the only addresses of it with a slot
+        if held.size:
+            self.slot_of[space.index(held)] = -1
+        self.gowner[row] = -1
+        self.lru[row] = np.arange(self.D, dtype=self.lru.dtype)
         self.regions[region // self.regions_per_rank].push(np.array([region], dtype=np.int64))
-        self.region_of[req.index], self.hist_len[req.index], self.newest[req.index] = -1, 0, -1
+        self.region_of[q] = self.row_of[q] = self.lrow_of[q] = -1
+        self.hist_len[q], self.newest[q] = 0, -1
         self.cpu.release(space.places(addrs).astype(np.int64))
         space.release(request_id)
         return addrs
@@ -289,16 +348,21 @@ class HiSparsePolicy:
         require((self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank")
         ccount = np.bincount(self.cpu.rank_of(places), minlength=self.R)
         require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
-        res = space.rows.ids(np.flatnonzero(self.slot_of >= 0))
-        res_slot = self.resident_places(res)
+        require((self.slot_of <= D).all(), "a copy sits outside its request's device buffer")
+        rix = np.flatnonzero(self.slot_of >= 0)
+        res = space.rows.ids(rix)
         require((space.places(res) >= 0).all(), "a freed address is still resident")
-        require((self.gowner[self._g(res_slot)] == res).all(), "device buffer owner disagrees with residency")
+        row = self.row_of[space.req_of[rix]]
+        require((row >= 0).all(), "a copy of a request without a device buffer")
+        require((self.gowner[row, self.slot_of[rix]] == res).all(), "device buffer owner disagrees with residency")
         require(int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address")
-        rg = self.region_of[space.req_of[space.index(res)]]
-        local = res_slot - self.region_base(rg)
-        require(((local >= 0) & (local <= D)).all(), "a copy sits outside its request's device buffer")
         used = np.flatnonzero(self.region_of >= 0)
         require(np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer")
+        require((self.row_of[used] == self.regrows.index(self.region_of[used])).all(), "a buffer's storage row is stale")
+        lrow = np.where(self.hist_len[used] > D + 1, self.row_of[used], -1)
+        require((self.lrow_of[used] == lrow).all(), "a request's LRU-update flag disagrees with its history")
+        all_rows = np.arange(self.lru.shape[0], dtype=np.int64)
+        require((self.row_base == self.region_base(self.regrows.ids(all_rows))).all(), "a buffer's base is stale")
         nregions = sum(len(s) for s in self.regions) + used.size
         require(nregions == self.R * self.regions_per_rank, "device buffers not conserved")
         srt = np.sort(self.lru, axis=1)
