@@ -27,6 +27,18 @@ def test_dedup_sorted_distinct_and_marker_clean(values):
     assert not marker.any()
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-1, 5000), max_size=400), st.sampled_from([5002, 10**6]))
+def test_dedup_sort_and_marker_paths_agree(values, size):
+    """A batch far shorter than the marker is sorted, a long one scanned through the marker: same answer."""
+    a, marker = np.array(values, dtype=np.int64), np.zeros(size, dtype=bool)
+    expect = sorted(set(v for v in values if v >= 0))
+    assert be._dedup_sorted(a, size).tolist() == expect
+    assert be._dedup_marker(a, marker).tolist() == expect and not marker.any()
+    uniq, marker = be.dedup(a, marker)
+    assert uniq.dtype == np.int64 and uniq.tolist() == expect and not marker.any()
+
+
 def bitmap_of(bits: np.ndarray) -> np.ndarray:
     return np.packbits(bits, bitorder="little")
 
