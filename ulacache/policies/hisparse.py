@@ -286,24 +286,23 @@ class HiSparsePolicy:
         """New LRU orders of the touched rows (flat) and the slots the misses take (by row, least recent first).
         Row k with h[k] hits and m[k] misses: its first m[k] evictable (non-hit) slots take the misses and sit,
         reversed, just below the hits; the other evictable slots move to the front in order; the hits keep their
-        relative order at the MRU end. One pass per step over all rows: hit flags by position, their running count,
-        each slot's new position, one scatter."""
+        relative order at the MRU end. Vectorized over the rows: each slot's hit flag by LRU position, then the
+        evictable and the hit slots in order (two gathers); each new row is three slices of those."""
         D, K = self.D, rows.size
         it = np.int32 if K * D < 2**31 - 1 else np.int64
         order = self.lru.take(rows, axis=0)  # (K, D) slots, least recent first
-        off = np.arange(0, K * D, D, dtype=it)[:, None]
         flag = np.zeros(K * D, dtype=bool)
         flag[hit_k * D + hit_local] = True  # hit slots, by slot
-        hit = flag.take(order + off)  # hit slots, by LRU position
-        hc = np.cumsum(hit, axis=1, dtype=it)  # hits up to each position
-        e = np.arange(D, dtype=it) - hc  # evictable slots before each position
-        mm = m.astype(it)[:, None]
-        lo = e < mm  # (at evictable positions) one of the first m
-        c = (D - 1 - h).astype(it)[:, None] + off
-        newpos = np.where(hit, c + hc, np.where(lo, c - e, e + (off - mm)))
-        new_order = np.empty(K * D, dtype=order.dtype)
-        new_order[newpos.reshape(-1)] = order.reshape(-1)
-        return new_order, order.reshape(-1).take(np.flatnonzero(lo > hit))
+        hit = flag.take((order + np.arange(0, K * D, D, dtype=it)[:, None]).reshape(-1))  # by LRU position
+        order = order.reshape(-1)
+        ev, hs = order.take(np.flatnonzero(~hit)), order.take(np.flatnonzero(hit))  # evictable / hit slots, by row
+        parts, taken, a, b = [], [], 0, 0
+        for mk, hk in zip(m.tolist(), h.tolist()):  # loop over the touched rows: slices only
+            n = D - hk
+            parts += (ev[a + mk:a + n], ev[a:a + mk][::-1], hs[b:b + hk])
+            taken.append(ev[a:a + mk])
+            a, b = a + n, b + hk
+        return np.concatenate(parts), np.concatenate(taken)
 
     def commit(self, plan: Plan) -> None:
         st = plan.policy_state
