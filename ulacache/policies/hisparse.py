@@ -253,25 +253,30 @@ class HiSparsePolicy:
         hit_row, miss_row = lrow.take(hit_idx), self.row_of.take(req.take(miss_idx))
         nrows = self.lru.shape[0]
         m = np.bincount(miss_row, minlength=nrows)
-        mh = m + np.bincount(hit_row, minlength=nrows)
-        rows = np.flatnonzero(mh)
+        mh = m + np.bincount(hit_row, minlength=nrows)  # per LRU row: distinct non-newest tokens selected
+        rows = np.flatnonzero(mh)  # the orders that change
         z = np.zeros(0, np.int64)
         st = _HsState(rows, z, uniq[:0], z, z, z, z, z)
         move_src = places[:0]
         if rows.size:
-            if (mh.take(rows) > D).any():
-                bad = int(rows[np.flatnonzero(mh.take(rows) > D)[0]])
+            if int(mh.max()) > D:
+                bad = int(np.flatnonzero(mh > D)[0])
                 raise CapacityError(
                     f"a hisparse request selects {int(mh[bad])} distinct non-newest tokens in one batch; "
                     f"its device buffer holds {D}"
                 )
-            kmap = np.cumsum(mh > 0) - 1  # storage row -> position among the touched rows
             mr = m.take(rows)
-            st.new_order, st.miss_local = self._reorder(rows, mr, mh.take(rows) - mr, kmap.take(hit_row),
-                                                        local.take(hit_idx))
-            perm = miss_idx.take(np.argsort(kmap.take(miss_row), kind="stable"))  # misses by (row, address)
+            hit_local = local.take(hit_idx)
+            if rows.size == 1:  # one request's order changes (batch size 1): no per-row bookkeeping
+                perm, mrow = miss_idx, rows
+                hit_key = hit_local
+            else:
+                kmap = np.cumsum(mh > 0) - 1  # storage row -> position among the touched rows
+                perm = miss_idx.take(np.argsort(miss_row, kind="stable"))  # misses by (row, address)
+                mrow = np.repeat(rows, mr)
+                hit_key = kmap.take(hit_row) * D + hit_local
+            st.new_order, st.miss_local = self._reorder(rows, mr, mh.take(rows) - mr, hit_key)
             st.miss_addrs, st.miss_ix, move_src = uniq.take(perm), uix.take(perm), places.take(perm)
-            mrow = np.repeat(rows, mr)
             st.miss_cell = mrow * (D + 1) + st.miss_local
             st.miss_slots = self.row_base.take(mrow) + st.miss_local
             st.victims = self.gowner.reshape(-1).take(st.miss_cell)
@@ -282,17 +287,19 @@ class HiSparsePolicy:
         plan.move_src = move_src
         plan.move_dst = st.miss_slots
         plan.policy_state = st
-    def _reorder(self, rows: np.ndarray, m: np.ndarray, h: np.ndarray, hit_k: np.ndarray, hit_local: np.ndarray):
+
+    def _reorder(self, rows: np.ndarray, m: np.ndarray, h: np.ndarray, hit_key: np.ndarray):
         """New LRU orders of the touched rows (flat) and the slots the misses take (by row, least recent first).
         Row k with h[k] hits and m[k] misses: its first m[k] evictable (non-hit) slots take the misses and sit,
         reversed, just below the hits; the other evictable slots move to the front in order; the hits keep their
-        relative order at the MRU end. Vectorized over the rows: each slot's hit flag by LRU position, then the
-        evictable and the hit slots in order (two gathers); each new row is three slices of those."""
+        relative order at the MRU end. hit_key: k * D + slot of each hit in row k. Vectorized over the rows: each
+        slot's hit flag by LRU position, then the evictable and the hit slots in order (two gathers); each new row is
+        three slices of those."""
         D, K = self.D, rows.size
         it = np.int32 if K * D < 2**31 - 1 else np.int64
         order = self.lru.take(rows, axis=0)  # (K, D) slots, least recent first
         flag = np.zeros(K * D, dtype=bool)
-        flag[hit_k * D + hit_local] = True  # hit slots, by slot
+        flag[hit_key] = True  # hit slots, by slot
         hit = flag.take((order + np.arange(0, K * D, D, dtype=it)[:, None]).reshape(-1))  # by LRU position
         order = order.reshape(-1)
         ev, hs = order.take(np.flatnonzero(~hit)), order.take(np.flatnonzero(hit))  # evictable / hit slots, by row
