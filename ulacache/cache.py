@@ -62,6 +62,7 @@ class UlaCache:
         self._version = 0
         self._stats: Counter = Counter()
         self._row_bytes = cfg.effective_row_bytes
+        self._rows_key, self._rows_tables = None, None  # _row_tables' cache
 
     # -- validation helpers --------------------------------------------------------------------------------------------
     def _idle(self, what: str) -> None:
@@ -86,20 +87,23 @@ class UlaCache:
             if a.size and int(a.max()) >= self.space.table.size:
                 raise ValueError(f"{what} holds unallocated address {int(a.max())}")
             return a
-        home = a // rows.stride
-        local = a - home * rows.stride
-        if allow_padding:
-            pad = a < 0
-            home[pad] = 0
-            bad = (local >= rows.caps.take(home)) & ~pad
-            ix = local + rows.offs.take(home)
-            ix[pad] = -1
-        else:
-            bad = local >= rows.caps.take(home)
-            ix = local + rows.offs.take(home)
+        shift, end = self._row_tables(rows)
+        home = a // rows.stride  # -1 padding: home -1, the tables' last entry (shift 0: stays -1; end 0: valid)
+        ix = a + shift.take(home)
+        bad = ix >= end.take(home)
         if bad.any():
             raise ValueError(f"{what} holds unallocated address {int(a[np.flatnonzero(bad)[0]])}")
         return ix
+
+    def _row_tables(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """Per home rank (+ one entry for -1 padding): storage shift (position - address) and end of its row; rebuilt
+        only when the address storage grew (rows only grow, so its size names the layout)."""
+        if self._rows_key != rows.size:
+            r = np.arange(rows.R, dtype=np.int64)
+            self._rows_tables = (np.append(rows.offs[:-1] - r * rows.stride, 0),
+                                 np.append(rows.offs[:-1] + rows.caps, 0))
+            self._rows_key = rows.size
+        return self._rows_tables
 
     def _places(self, a: np.ndarray, what: str) -> np.ndarray:
         """Current places of valid, allocated addresses (int64)."""
@@ -137,7 +141,7 @@ class UlaCache:
             raise ValueError(f"counts holds {int(counts.min())}: token counts are >= 0")
         if ranks.size and (ranks.min() < 0 or ranks.max() >= self.config.num_ranks):
             raise ValueError(f"ranks must be in [0, {self.config.num_ranks}), got {ranks.min()}..{ranks.max()}")
-        if np.unique(ids).size != ids.size:
+        if ids.size > 1 and np.unique(ids).size != ids.size:
             raise ValueError("request_ids holds a request twice; allocate its tokens in one entry")
         id_list = ids.tolist()
         if not self.tp:

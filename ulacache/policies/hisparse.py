@@ -179,7 +179,8 @@ class HiSparsePolicy:
         used = [r for r in range(self.R) if need[r]]
         if not used:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        space.reserve(need)  # one re-layout of the address tables for every rank that grows
+        if len(used) > 1:
+            space.reserve(need)  # one re-layout of the address tables for every rank that grows (one rank: pop_ids)
         got = {}
         for r in used:  # loop over the ranks allocating
             n = int(need[r])
@@ -212,15 +213,31 @@ class HiSparsePolicy:
         """Residency (the fast-path layout): the previous newest token and every new token but the last take LRU
         slot `position` while position < D; the last new token takes the newest-token slot D."""
         D, ix, own = self.D, self.space.index, self.gowner.reshape(-1)
-        old_len, rows = self.hist_len[q], self.row_of[q]
+        old_len, rows, old_newest = self.hist_len[q], self.row_of[q], self.newest[q]
+        new_len = old_len + cnt
         last = addrs[first + cnt - 1]
+        if int(old_len.min()) > D:  # every history is past its buffer (decode): the previous newest just drops out
+            self.slot_of[ix(old_newest)] = -1
+            self.lrow_of[q] = rows
+        else:
+            self._fill_buffers(q, cnt, first, addrs, old_len, rows, old_newest)
+            self.lrow_of[q] = np.where(new_len > D + 1, rows, -1)
+        self.slot_of[ix(last)] = D
+        own[rows * (D + 1) + D] = last
+        self.newest[q] = last
+        self.hist_len[q] = new_len
+
+    def _fill_buffers(self, q, cnt, first, addrs, old_len, rows, old_newest) -> None:
+        """Histories still filling their buffer: the previous newest moves to LRU slot old_len - 1 (< D, its bytes
+        move inside HBM) or drops out; new tokens but the last take LRU slots old_len.. while below D."""
+        D, ix, own = self.D, self.space.index, self.gowner.reshape(-1)
         prev = np.flatnonzero(old_len > 0)
-        if prev.size:  # the previous newest token leaves slot D: to LRU slot old_len - 1 while that is < D
-            p_addr, p_slot = self.newest[q[prev]], old_len[prev] - 1
+        if prev.size:
+            p_addr, p_slot = old_newest[prev], old_len[prev] - 1
             keep = np.flatnonzero(p_slot < D)
             if keep.size:
                 k_addr, k_slot, k_row = p_addr[keep], p_slot[keep], rows[prev[keep]]
-                self.alloc_moves = (self.resident_places(k_addr), self.row_base[k_row] + k_slot)  # moves in HBM
+                self.alloc_moves = (self.resident_places(k_addr), self.row_base[k_row] + k_slot)
                 own[k_row * (D + 1) + k_slot] = k_addr
             self.slot_of[ix(p_addr)] = np.where(p_slot < D, p_slot, -1)
         fill = np.minimum(old_len + cnt - 1, D) - old_len  # new tokens (not the last) that take LRU slots
@@ -231,11 +248,6 @@ class HiSparsePolicy:
             t_addr, t_slot = addrs[first[rep] + j], old_len[rep] + j
             self.slot_of[ix(t_addr)] = t_slot
             own[rows[rep] * (D + 1) + t_slot] = t_addr
-        self.slot_of[ix(last)] = D
-        own[rows * (D + 1) + D] = last
-        self.newest[q] = last
-        self.hist_len[q] = old_len + cnt
-        self.lrow_of[q] = np.where(old_len + cnt > D + 1, rows, -1)
 
     # -- access --------------------------------------------------------------------------------------------------------
     def access(self, plan: Plan, places: np.ndarray) -> None:
