@@ -57,7 +57,7 @@ class HiSparsePolicy:
         self.num_places = self.num_gpu_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.cpu_slots, self.num_places, track_requests=True)
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
-        self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=8)  # region -> storage row
+        self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=1)  # region -> storage row
         # By region storage row: the LRU order of the D buffer slots (least recent first), the address held in each
         # of the D + 1 slots (-1 none; slot D = the newest token) and the GPU place of slot 0.
         slot_dtype = np.int16 if D < 2**15 - 1 else np.int32
