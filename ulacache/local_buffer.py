@@ -19,7 +19,8 @@ import numpy as np
 from . import slot_map
 from .errors import CapacityError, require
 from .plan import Plan
-from .pools import Pool
+from .lru_log import RELEASED, StampLog
+from .pools import Pool, merge_by_rank
 
 
 def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -33,21 +34,21 @@ def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _BufState:
     hit_places: np.ndarray  # buffer-local places (rank r's slot s is r * seg + s)
     miss_addrs: np.ndarray  # grouped by rank
+    miss_ix: np.ndarray  # their address-storage positions
     counts: np.ndarray  # misses per rank
     miss_rank: np.ndarray  # receiving rank of each miss
     dests: np.ndarray  # buffer-local places
     victims: np.ndarray
-    hit_idx: np.ndarray  # pool storage positions of the hits and the dests
-    dest_idx: np.ndarray
+    dest_idx: np.ndarray  # pool storage positions of the dests
 
 
 class LocalBuffers:
     def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_limit: int | None = None):
         self.be, self.R, self.slots = be, num_ranks, slots
-        # places r * seg + s; victims by scanning, never the stamp log: each batch touches a large share of a
-        # buffer, and the log's sorts and rebuilds cost more than the counting scan (pinned-keys TP replay, 2482
-        # steps: 193-197 CPU-s in "auto", where the log runs 1,556 selections, vs 139 scanning; same victims)
-        self.pool = Pool(num_ranks, slots, exact_lru=True, address_limit=space.size, lru_log_mode="scan")
+        # places r * seg + s; victims from the stamp log (lru_log.StampLog: one stamp per access batch, read from
+        # the oldest batch; the pinned-keys TP replay touches ~1/7 of each buffer per batch and evicts ~1/30)
+        self.pool = Pool(num_ranks, slots, address_limit=space.size, stamp_dtype=np.int32)  # stamps: access batches
+        self.log = StampLog(self.pool)
         self.seg = self.pool.seg
         self.num_places = self.pool.num_places
         self.base = base_place  # unified place of buffer-local place 0
@@ -74,34 +75,29 @@ class LocalBuffers:
         return bounds
 
     def plan(self, plan: Plan, old_places: np.ndarray) -> None:
-        """Every rank looks up the entries homed elsewhere (two slices of the ascending batch) in its map."""
+        """Every rank looks up the entries homed elsewhere (all ranks at once); its misses take free buffer slots,
+        then its least recently used ones. Stamps are written here (the hits first: they protect them from this
+        selection), the maps and owners at commit."""
         be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
         bounds = self.check_fits(uniq)  # homes
         uix = self.space.index(uniq)
-        hits, miss_idx, counts = [], [], np.zeros(R, dtype=np.int64)
-        for r in range(R):  # loop over ranks; per rank, slices [0, lo) and [hi, U) (views, no index arrays)
-            if self.maps.one_lookup_per_rank:
-                rem = np.concatenate([np.arange(bounds[r]), np.arange(bounds[r + 1], uniq.size)])
-                bs = self.maps.get(r, uniq.take(rem))
-                held = bs >= 0
-                hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
-                m = rem.take(np.flatnonzero(~held))
-                miss_idx.append(m)
-                counts[r] += m.size
-                continue
-            for off, end in ((0, bounds[r]), (bounds[r + 1], uniq.size)):
-                bs = self.maps.lookup(r, uniq[off:end], uix[off:end])
-                held = bs >= 0
-                hits.append(bs.take(np.flatnonzero(held)) + r * self.seg)
-                m = np.flatnonzero(~held)
-                miss_idx.append(m + off if off else m)
-                counts[r] += m.size
-        hit_places, miss_idx = np.concatenate(hits), np.concatenate(miss_idx)
+        hit_slots, h_counts, miss_idx, counts = self.maps.remote(uniq, uix, bounds)
+        rank_off = np.arange(R, dtype=np.int64) * self.seg
+        hit_places = hit_slots + np.repeat(rank_off, h_counts)
         miss_rank = np.repeat(np.arange(R, dtype=np.int64), counts)
         miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
         pool.reserve(counts)  # any storage growth before positions are taken
         hit_idx = pool.idx(hit_places)
-        dest_idx, _ = pool.select_free_then_lru(be, counts, hit_idx)
+        pool.touch(hit_idx, plan.now)
+        s0, f0 = pool.take_free(be, counts)
+        rest = counts - f0
+        if rest.any():
+            parts, found = self.log.select(rest)
+            dest_idx = merge_by_rank([s0, *parts], [f0, *found])
+        else:
+            dest_idx = s0
+        pool.touch(dest_idx, plan.now)
+        self.log.append(np.concatenate([hit_idx, dest_idx]), plan.now)
         dests = pool.places(dest_idx)
         # The fetch reads the entry where it is now (its CPU place if it is being promoted: the same bytes).
         src = old_places.take(miss_idx)
@@ -110,19 +106,20 @@ class LocalBuffers:
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(hit_places, miss_addrs, counts, miss_rank, dests, pool.own.take(dest_idx),
-                                      hit_idx, dest_idx)
+        plan.buffer_state = _BufState(hit_places, miss_addrs, uix.take(miss_idx), counts, miss_rank, dests,
+                                      pool.own.take(dest_idx), dest_idx)
 
     def commit(self, plan: Plan) -> None:
         st, pool = plan.buffer_state, self.pool
         # All ranks at once (each rank's row of the maps is its own): victims out, then the misses in (a rank's
         # victim is never one of its misses).
         has_v = np.flatnonzero(st.victims >= 0)
-        self.maps.delete(st.miss_rank.take(has_v), st.victims.take(has_v))
-        self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg)
+        if has_v.size == st.victims.size:
+            self.maps.delete(st.miss_rank, st.victims)
+        else:
+            self.maps.delete(st.miss_rank.take(has_v), st.victims.take(has_v))
+        self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg, st.miss_ix)
         pool.own[st.dest_idx] = st.miss_addrs
-        pool.touch(st.hit_idx, plan.now)
-        pool.touch(st.dest_idx, plan.now)
 
     def _held(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rank, index into addrs, buffer-local place) of every copy of `addrs`, grouped by rank."""
@@ -133,7 +130,9 @@ class LocalBuffers:
     def invalidate(self, addrs: np.ndarray) -> None:
         """Drop every rank's copies of freed addresses."""
         r, i, places = self._held(addrs)
-        self.pool.give_back(self.be, self.pool.idx(places))
+        idx = self.pool.idx(places)
+        self.pool.give_back(self.be, idx)
+        self.pool.touch(idx, RELEASED)  # their log entries die
         self.maps.delete(r, addrs.take(i))
 
     def slots_of(self, addrs: np.ndarray, r: int) -> np.ndarray:

@@ -209,4 +209,101 @@ class LruLog:
         return np.concatenate(out) if len(out) > 1 else (out[0] if out else _EMPTY)
 
 
-__all__ = ["LruLog"]
+class StampLog:
+    """Exact LRU order of a pool whose touch batches carry strictly increasing stamps (the TP local buffers: one
+    stamp per access batch): the batches kept whole, oldest first, each read when it reaches the front.
+
+    An entry (storage position) of the batch stamped s is live while the pool's stamp there is still s: a later
+    touch or a release (stamp `RELEASED`) kills it, so nothing is searched or sorted when slots are touched. A
+    selection reads batches from the front: live entries, sorted once by position (storage order is (rank, slot)
+    order), taken per rank up to the victims it needs; the rest of a partly used batch stays at the front, sorted.
+    Slots to protect from a selection must carry a stamp newer than every logged one (the caller stamps the batch's
+    hits first: their final stamp). Each logged entry is read O(1) times: a selection costs the entries that reached
+    the front, not a pass over the pool. Entries are compacted (dead ones dropped) when they outnumber
+    COMPACT_FACTOR x the occupied slots, so memory follows the slots in use."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.stamps: list[int] = []  # per batch, ascending
+        self.batches: list[np.ndarray] = []  # storage positions (int32 while they fit)
+        self.ordered: list[bool] = []  # sorted, no repeats
+        self.size = 0
+        pool.listeners.append(self._grow)
+
+    def _grow(self, old: int) -> None:
+        """Pool storage re-laid (rank rows of `old` slots now `cap`): move every logged position."""
+        cap, R = self.pool.cap, self.pool.R
+        if R == 1 or not old or old == cap:
+            return
+        self.batches = [(a + (a // old) * (cap - old)).astype(self._dtype(), copy=False) for a in self.batches]
+
+    def _dtype(self):
+        return np.int32 if self.pool.R * max(self.pool.cap, 1) < 2**31 else np.int64
+
+    def append(self, idx: np.ndarray, stamp: int) -> None:
+        """Log slots just stamped `stamp` (>= every stamp logged; equal: joins the last batch)."""
+        if idx.size == 0:
+            return
+        a = idx.astype(self._dtype())
+        if self.stamps and self.stamps[-1] == stamp:
+            self.batches[-1] = np.concatenate([self.batches[-1], a])
+            self.ordered[-1] = False
+        else:
+            self.stamps.append(int(stamp))
+            self.batches.append(a)
+            self.ordered.append(False)
+        self.size += a.size
+        if self.size > COMPACT_FACTOR * int(self.pool.in_use.sum()) + REBUILD_FLOOR * self.pool.R:
+            self.compact()
+
+    def _live(self, k: int) -> np.ndarray:
+        a = self.batches[k]
+        return a.take(np.flatnonzero(self.pool.stamp.take(a) == self.stamps[k]))
+
+    def compact(self) -> None:
+        """Drop dead entries (order kept)."""
+        keep = [(s, self._live(k), o) for k, (s, o) in enumerate(zip(self.stamps, self.ordered))]
+        keep = [t for t in keep if t[1].size]
+        self.stamps, self.batches, self.ordered = [t[0] for t in keep], [t[1] for t in keep], [t[2] for t in keep]
+        self.size = sum(a.size for a in self.batches)
+
+    def select(self, need: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per rank the need[r] live entries with the smallest (stamp, slot), as parts (one per batch read, storage
+        positions grouped by rank, int64) with found[r] per part (pools.merge_by_rank joins them)."""
+        pool = self.pool
+        R, cap = pool.R, max(pool.cap, 1)
+        need = np.asarray(need, dtype=np.int64).copy()
+        cuts = np.arange(R + 1, dtype=np.int64) * cap
+        parts, found = [], []
+        while self.batches and need.any():
+            live = self._live(0)
+            if not self.ordered[0]:
+                live = np.sort(live)
+                if live.size > 1 and (live[1:] == live[:-1]).any():  # a slot touched twice at one stamp: once
+                    live = live[np.concatenate([[True], live[1:] != live[:-1]])]
+            b = np.searchsorted(live, cuts)
+            have = np.diff(b)
+            take = np.minimum(have, need)
+            need -= take
+            if (take == have).all():
+                got, rest = live, live[:0]
+            else:
+                pos = np.arange(live.size) - np.repeat(b[:-1], have)
+                mine = pos < np.repeat(take, have)
+                got, rest = live[mine], live[~mine]
+            if got.size:
+                parts.append(got.astype(np.int64))
+                found.append(take)
+            self.size -= self.batches[0].size - rest.size
+            if rest.size:
+                self.batches[0], self.ordered[0] = rest, True
+            else:
+                del self.stamps[0], self.batches[0], self.ordered[0]
+        return parts, found
+
+
+COMPACT_FACTOR = 4  # logged entries allowed per occupied slot before dead ones are dropped
+RELEASED = -1  # stamp of a released slot: never logged, so the slot's entries are dead
+
+
+__all__ = ["COMPACT_FACTOR", "LruLog", "RELEASED", "StampLog"]

@@ -221,14 +221,14 @@ class Pool:
     per rank the caller reports; `in_use` counts slots taken (claimed at planning time)."""
 
     def __init__(self, num_ranks: int, slots: int, base: int = 0, exact_lru: bool = False,
-                 address_limit: int | None = None, lru_log_mode: str = "auto"):
+                 address_limit: int | None = None, lru_log_mode: str = "auto", stamp_dtype=np.int64):
         from .lru_log import LruLog
 
         self.R, self.slots, self.seg, self.base = num_ranks, slots, pad64(slots), base
         self.num_places = num_ranks * self.seg
         self.rows = RankRows(num_ranks, self.seg, self.seg)
         self.own = np.zeros(0, dtype=id_dtype(address_limit))  # int32 while the addresses held fit
-        self.stamp = np.zeros(0, dtype=np.int64)
+        self.stamp = np.zeros(0, dtype=stamp_dtype)  # int32 where steps stay small (TP buffers: half the bytes read)
         self.free = np.zeros(0, dtype=np.uint8)
         self.free_nz = np.zeros(0, dtype=bool)
         self.cleared = 0
@@ -291,6 +291,8 @@ class Pool:
 
     def take_free(self, be, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min(counts[r], free) lowest free slots of each rank, as storage idx grouped by rank; and found[r]."""
+        if not (counts > 0).any() or (self.in_use >= self.slots).all():  # nothing asked or nothing free
+            return np.zeros(0, dtype=np.int64), np.zeros(self.R, dtype=np.int64)
         self.reserve(counts)
         bm = be.asarray(self.free)
         s, found = be.select_first(bm, be.asarray(self.summary()), max(self.cap, 64), be.asarray(counts))

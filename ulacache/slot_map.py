@@ -1,7 +1,7 @@
 """Address -> slot maps for the TP local buffers: a dense table when it is small, else an open-addressing hash table.
 
 A dense table over the addresses in use (it follows the address space's storage rows, grown as addresses are
-handed out) is the fastest lookup, but costs 2 bytes (uint16, buffers below 65,535 slots; else 4) x addresses x
+handed out; address-major, so a batch look-up for every rank reads one cache line per address) is the fastest lookup, but costs 2 bytes (uint16, buffers below 65,535 slots; else 4) x addresses x
 ranks (8 ranks over 56M addresses: 0.9 GB). It holds slot + 1 (0: no copy), so a fresh table is zero pages the
 kernel maps lazily. The hash table costs ~24 bytes per copy held instead (it starts small and doubles). Both hold at most
 `capacity` entries and answer vectorized batches (no Python loop over keys: the hash probes all pending keys of a
@@ -19,24 +19,35 @@ _MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
 
 class DenseSlotMaps:
-    """Every rank's address -> slot table as one (R, addresses in storage) int32 array; keys are allocated
-    addresses of `space` (an AddressSpace) and the table follows its storage rows. One gather answers all ranks."""
+    """Every rank's address -> slot table in one array, address-major: row a holds the R ranks' slot + 1 of address a
+    (keys are allocated addresses of `space`, an AddressSpace; the rows follow its storage), so one batch look-up
+    for all ranks reads one cache line per address, not one per rank and address."""
 
     def __init__(self, num_ranks: int, space, capacity: int | None = None, dense_limit: int | None = None):
         self.R, self.space = num_ranks, space
-        self.table = np.zeros((num_ranks, space.table.size), dtype=_dense_dtype(capacity))  # slot + 1, 0 = none
+        self._dt = np.dtype([("s", _dense_dtype(capacity), (num_ranks,))])
+        self._rows = np.zeros(space.table.size, dtype=self._dt)  # slot + 1, 0 = none
         # With the owner's limits (make_slot_maps), a growth past `_dense_ok` converts straight to hash maps from
         # the old layout (`fits` hands them over) instead of re-laying a table that is dropped right after.
         self._limits = (capacity, dense_limit)
         self.outgrown: HashSlotMaps | None = None
         space.listeners.append(self._grow)
 
+    @property
+    def table(self) -> np.ndarray:
+        """(addresses in storage, R) view: slot + 1, 0 = no copy."""
+        return self._rows["s"]
+
+    @property
+    def num_addresses(self) -> int:
+        return self._rows.size
+
     def _grow(self, old: tuple) -> None:
         capacity, limit = self._limits
         if capacity is not None and not _dense_ok(self.R, self.space.table.size, capacity, limit):
             self.outgrown = self._hash_maps(capacity, old)
             return
-        self.table = self.space.rows.relayout(self.table, old, 0)
+        self._rows = self.space.rows.relayout(self._rows, old, 0)
 
     def _hash_maps(self, capacity: int, layout: tuple | None = None) -> HashSlotMaps:
         """The same maps as hash maps; `layout`: the address layout the table has (default: the space's)."""
@@ -53,39 +64,56 @@ class DenseSlotMaps:
 
     def get_all(self, addrs: np.ndarray) -> np.ndarray:
         """(R, len(addrs)) slots, -1 where a rank holds no copy."""
-        out = self.table.take(self.space.index(addrs), axis=1).astype(np.int64)
+        out = self.table.take(self.space.index(addrs), axis=0).T.astype(np.int64)
         out -= 1
         return out
 
     def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
-        return self.lookup(r, addrs, self.space.index(addrs))
-
-    one_lookup_per_rank = False
-
-    def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
-        """get(r, addrs) given the addresses' storage positions `ix` too (no translation)."""
-        out = self.table[r].take(ix).astype(np.int64)
+        out = self.table[:, r].take(self.space.index(addrs)).astype(np.int64)
         out -= 1
         return out
 
-    def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
-        """Insert absent keys (rank, address) -> slot."""
-        self.table[ranks, self.space.index(addrs)] = slots + 1
+    def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
+        """Every rank's look-up of the ascending batch `addrs` (storage positions `ix`) but its own homes
+        (addrs[bounds[r]:bounds[r + 1]]): (hit slots, hits per rank, miss indices into addrs, misses per rank), both
+        grouped by rank, ascending address within a rank. All ranks at once: one gather, two scans."""
+        R, U = self.R, ix.size
+        b = self.table.take(ix, axis=0)  # (U, R) slot + 1
+        for r in range(R):  # loop over ranks: blank the own homes (one slice each)
+            b[bounds[r]:bounds[r + 1], r] = 0
+        held = np.not_equal(b.T, 0)  # (R, U): rank-major from here
+        hf = np.flatnonzero(held)
+        np.logical_not(held, out=held)
+        zf = np.flatnonzero(held)
+        row_at = np.arange(R + 1, dtype=np.int64) * U
+        hb = np.searchsorted(hf, row_at)
+        slots = b.T.reshape(-1).take(hf).astype(np.int64)
+        slots -= 1
+        # zeros of row r: misses, and the blanked homes [bounds[r], bounds[r + 1]) (one run of them): cut it out
+        home = np.searchsorted(zf, np.stack([row_at[:-1] + bounds[:-1], row_at[:-1] + bounds[1:]]).ravel())
+        zb = np.searchsorted(zf, row_at).tolist()
+        lo, hi = home[:R].tolist(), home[R:].tolist()
+        keep = np.ones(zf.size, dtype=bool)
+        for r in range(R):  # loop over ranks
+            keep[lo[r]:hi[r]] = False
+        miss = zf[keep]
+        m_counts = np.diff(zb) - (np.array(hi) - np.array(lo))
+        miss -= np.repeat(row_at[:-1], m_counts)
+        return slots, np.diff(hb), miss, m_counts
+
+    def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
+        """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
+        self.table[self.space.index(addrs) if ix is None else ix, ranks] = slots + 1
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
-        self.table[ranks, self.space.index(addrs)] = 0
-
-    def set_rank(self, r: int, addrs: np.ndarray, slots: np.ndarray) -> None:
-        self.table[r][self.space.index(addrs)] = slots + 1
-
-    def delete_rank(self, r: int, addrs: np.ndarray) -> None:
-        self.table[r][self.space.index(addrs)] = 0
+        self.table[self.space.index(addrs), ranks] = 0
 
     def items(self, r: int, layout: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Rank r's (addresses ascending, slots); `layout`: the address layout the table has, if not the space's
         current one (a table not yet re-laid after a growth)."""
-        at = np.flatnonzero(self.table[r])
-        return self.space.rows.ids(at, layout), self.table[r][at].astype(np.int64) - 1
+        col = self.table[:, r]
+        at = np.flatnonzero(col)
+        return self.space.rows.ids(at, layout), col[at].astype(np.int64) - 1
 
 
 class HashSlotMap:
@@ -234,28 +262,30 @@ class HashSlotMaps:
     def get(self, r: int, addrs: np.ndarray) -> np.ndarray:
         return self.maps[r].get(addrs)
 
-    def lookup(self, r: int, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
-        return self.maps[r].get(addrs)
-
-    one_lookup_per_rank = True  # each probe round has a fixed cost: look the remote slices up together
-
     def _by_rank(self, ranks: np.ndarray):
         for r in np.unique(ranks).tolist():  # loop over ranks
             yield r, np.flatnonzero(ranks == r)
 
-    def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray) -> None:
+    def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
+        """DenseSlotMaps.remote: each rank looks up the two slices of the batch homed elsewhere in one probe run."""
+        slots, hits, miss, m_counts = [], np.zeros(self.R, np.int64), [], np.zeros(self.R, np.int64)
+        for r in range(self.R):  # loop over ranks
+            rem = np.concatenate([np.arange(bounds[r]), np.arange(bounds[r + 1], addrs.size)])
+            bs = self.maps[r].get(addrs.take(rem))
+            held = bs >= 0
+            slots.append(bs[held])
+            m = rem[~held]
+            miss.append(m)
+            hits[r], m_counts[r] = slots[-1].size, m.size
+        return np.concatenate(slots), hits, np.concatenate(miss), m_counts
+
+    def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         for r, i in self._by_rank(ranks):
             self.maps[r].set(addrs.take(i), slots.take(i))
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
         for r, i in self._by_rank(ranks):
             self.maps[r].delete(addrs.take(i))
-
-    def set_rank(self, r: int, addrs: np.ndarray, slots: np.ndarray) -> None:
-        self.maps[r].set(addrs, slots)
-
-    def delete_rank(self, r: int, addrs: np.ndarray) -> None:
-        self.maps[r].delete(addrs)
 
     def items(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         return self.maps[r].items()
@@ -291,7 +321,7 @@ def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int) -> De
 def fits(maps, capacity: int, dense_limit: int):
     """`maps`, or the same maps as hash maps once a dense table has outgrown `_dense_ok`."""
     if isinstance(maps, DenseSlotMaps) and (maps.outgrown is not None
-                                            or not _dense_ok(maps.R, maps.table.shape[1], capacity, dense_limit)):
+                                            or not _dense_ok(maps.R, maps.num_addresses, capacity, dense_limit)):
         return maps.to_hash(capacity)
     return maps
 
