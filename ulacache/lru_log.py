@@ -253,7 +253,7 @@ class StampLog:
             self.batches.append(a)
             self.ordered.append(False)
         self.size += a.size
-        if self.size > COMPACT_FACTOR * int(self.pool.in_use.sum()) + REBUILD_FLOOR * self.pool.R:
+        if self.size > COMPACT_FACTOR * int(self.pool.in_use.sum()) + COMPACT_FLOOR * self.pool.R:
             self.compact()
 
     def _live(self, k: int) -> np.ndarray:
@@ -275,9 +275,10 @@ class StampLog:
         need = np.asarray(need, dtype=np.int64).copy()
         cuts = np.arange(R + 1, dtype=np.int64) * cap
         parts, found = [], []
-        while self.batches and need.any():
-            live = self._live(0)
-            if not self.ordered[0]:
+        k = 0
+        while k < len(self.batches) and need.any():  # batches oldest first; a batch left with entries stays
+            live = self._live(k)
+            if not self.ordered[k]:
                 live = np.sort(live)
                 if live.size > 1 and (live[1:] == live[:-1]).any():  # a slot touched twice at one stamp: once
                     live = live[np.concatenate([[True], live[1:] != live[:-1]])]
@@ -294,16 +295,18 @@ class StampLog:
             if got.size:
                 parts.append(got.astype(np.int64))
                 found.append(take)
-            self.size -= self.batches[0].size - rest.size
+            self.size -= self.batches[k].size - rest.size
             if rest.size:
-                self.batches[0], self.ordered[0] = rest, True
+                self.batches[k], self.ordered[k] = rest, True
+                k += 1
             else:
-                del self.stamps[0], self.batches[0], self.ordered[0]
+                del self.stamps[k], self.batches[k], self.ordered[k]
         return parts, found
 
 
 COMPACT_FACTOR = 4  # logged entries allowed per occupied slot before dead ones are dropped
+COMPACT_FLOOR = 4096  # ... and per rank beyond that
 RELEASED = -1  # stamp of a released slot: never logged, so the slot's entries are dead
 
 
-__all__ = ["COMPACT_FACTOR", "LruLog", "RELEASED", "StampLog"]
+__all__ = ["COMPACT_FACTOR", "COMPACT_FLOOR", "LruLog", "RELEASED", "StampLog"]
