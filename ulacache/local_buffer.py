@@ -4,11 +4,11 @@ Every rank executes every access batch and needs all its selected entries. Entri
 its own GPU pool; the others are looked up in the rank's buffer (a hit: `num_local_hits`) and the misses are fetched
 from their home rank's GPU pool (after any promotion from CPU) over NVLink (`num_peer_fetches`, counted per
 receiving rank). Replacement per rank: free buffer slots first (lowest first), then exact LRU over buffer slots not
-used by this batch, by (last-use step, slot); the i-th miss of a rank (ascending address) takes the i-th slot.
+used by this batch, by (last-use access, slot); the i-th miss of a rank (ascending address) takes the i-th slot.
 Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: one dense
-table while the addresses in use keep it under slot_map.DENSE_LIMIT_BYTES, else hash tables), all ranks looked up
-at once. The slots live in a `pools.Pool` (storage grows with the copies held; the free-then-LRU replacement is the
-pool's, shared with the exact-LRU policy).
+address-major table while the addresses in use keep it under slot_map.DENSE_LIMIT_BYTES, else hash tables), all
+ranks looked up at once. The slots live in a `pools.Pool` (storage grows with the copies held); the LRU order is a
+`lru_log.StampLog` of the access batches (a selection reads the oldest batches, not the whole buffer).
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ follows the high-water mark of the ids handed out (free lists hand out the lowes
 storage, the owner (address held, -1 none), the recency stamp (step of the last touch) and a free bitmap with a
 summary (one flag per 64-slot word, updated incrementally by every write) so free-slot search reads only the words
 it needs. Replacement: `take_free` (lowest free slots per rank) and `select_free_then_lru` (exact LRU by
-(stamp, slot) over occupied slots not protected by the batch) -- the exact-LRU policy and the local buffers share it.
+(stamp, slot) over occupied slots not protected by the batch) for the exact-LRU policy; the TP local buffers take
+free slots here and their LRU victims from a stamp log (lru_log.StampLog).
 """
 from __future__ import annotations
 
