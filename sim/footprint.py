@@ -8,7 +8,8 @@ What grows with a replay (each figure from what it will simulate, not from the h
   kept per rank then costs every rank's); the larger counts (`probe_cache`), x GROWTH for storage that grows by
   doubling. TP local buffers add their copies (`copies_held`: every rank's buffer full, a pilot's at most what its
   steps reference) at the bytes per copy `probe_copies` measures, and each cache keeps its last access plan (bytes
-  per reference probed too). The pilot's caches are freed (and the heap trimmed) before the main phase grows, so the
+  per reference probed too); the phase that runs to the end also frees requests, whose ids wait in free-id stacks
+  (`probe_freed`). The pilot's caches are freed (and the heap trimmed) before the main phase grows, so the
   peak is the larger phase. The probes only estimate: no simulated choice reads them;
 - address tables (sim/policy.py, shared by the groups: sim/tables.py): one, or one per group where TP caches may
   hand out different addresses; rows doubled from 4 until the simulated requests fit, each the longest request;
@@ -175,6 +176,29 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
     return out
 
 
+def probe_freed(make_cache, k: int) -> float:
+    """Bytes per history entry a cache keeps once its request is freed (the free-id stacks, 8 bytes per id each):
+    a cache given PROBE_TOKENS tokens on rank 0, then freed, under tracemalloc. Memoized."""
+    memo = make_cache.__dict__.setdefault("free_probes", {}) if hasattr(make_cache, "__dict__") else {}
+    if k in memo:
+        return memo[k]
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        cache = make_cache(0, k)
+        n = max(1, min(PROBE_TOKENS, _room(cache)))
+        cache.alloc_many([0], np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64))
+        filled = tracemalloc.get_traced_memory()[0]
+        cache.free(0)
+        memo[k] = out = max(tracemalloc.get_traced_memory()[0] - filled, 0) / n
+        del cache
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return out
+
+
 def entries_held(cache_config, bound, k: int) -> int:
     """History entries plus GPU copies one cache may hold at stride k: the run's state (`RunBound`, every space) and
     the copies its configuration allows (TP local buffers of every rank; hisparse device buffers). A count of what
@@ -244,7 +268,9 @@ def estimate(cfg, system, requests, make_cache) -> dict:
             # each cache keeps its last access plan: with TP local buffers, per-rank arrays of every reference (a DP
             # or hisparse plan's, measured ~0.5 MB in the pinned-keys pilots, is within the fill's margin)
             last_plan = per_ref * bound.cache_requests(k) * q * top_k if copies else 0.0
-            caches = n_caches * (fixed + GROWTH * (fill + copies * per_copy) + last_plan)
+            # the phase that runs to the end frees requests: the free-id stacks hold up to the entries held
+            freed = probe_freed(make_cache, k) * bound.cache_entries(k) if pilot is None else 0.0
+            caches = n_caches * (fixed + GROWTH * (fill + copies * per_copy + freed) + last_plan)
             tables = (n_caches if config.mode == "tp" else 1) * table_bytes(config, bound, k, max_len)
             if caches + tables > best:
                 best = caches + tables
@@ -252,6 +278,7 @@ def estimate(cfg, system, requests, make_cache) -> dict:
                 out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.balanced_slots(k), k
                 out["probe_fixed_bytes"], out["probe_history_bytes"] = fixed, fill
                 out["copies_per_cache"], out["probe_copy_bytes"], out["probe_plan_ref_bytes"] = copies, per_copy, per_ref
+                out["probe_freed_bytes"] = freed
         from sim.policy import SELECT_ELEMS
 
         refs = max(bound.cache_requests(k) * q * top_k for _, k in phases)
