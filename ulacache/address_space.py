@@ -36,7 +36,7 @@ class Request:
 class AddressSpace:
     """Logical ids per home rank, the address -> place table and the address -> request table.
 
-    The tables hold rows only for the ids handed out (RaggedRows: rank r's addresses in row r, each row grown x2 on
+    The tables hold rows only for the ids handed out (RaggedRows: rank r's addresses in row r, each row grown on
     its own), so a space of billions of addresses costs nothing until it is used. `index(addrs)` gives the storage
     position of addresses; storage order is address order. Listeners get the old layout to re-lay their tables."""
 

@@ -1,0 +1,112 @@
+"""Storage growth (pools.RankRows / RaggedRows): every id keeps its value through any sequence of re-layouts (in
+place inside a buffer with room, or into a new one), new ids read the fill, and rows are never shorter than asked."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ulacache.pools import HEADROOM, RaggedRows, RankRows
+
+R, STRIDE = 4, 1 << 20
+
+needs = st.lists(st.lists(st.integers(0, 5000), min_size=R, max_size=R), min_size=1, max_size=8)
+
+
+def _by_id(rows: RaggedRows, arr: np.ndarray) -> dict[int, tuple]:
+    """id -> value (last axis laid out like the ids; leading dims as a tuple)."""
+    ix = np.arange(rows.size)
+    ids = rows.ids(ix)
+    return {int(i): tuple(np.atleast_1d(arr[..., k]).tolist()) for k, i in zip(ix.tolist(), ids.tolist())}
+
+
+@settings(max_examples=60, deadline=None)
+@given(needs, st.sampled_from([(-1, np.int32, ()), (0, np.int16, ()), (0, np.uint16, (3,)), (False, bool, (2,))]))
+def test_ragged_relayout_keeps_every_id(seq, kind):
+    fill, dtype, lead = kind
+    rows = RaggedRows(R, STRIDE, STRIDE, floor=64)
+    arr = np.zeros((*lead, 0), dtype=dtype)
+    expect: dict[int, tuple] = {}
+    rng = np.random.default_rng(len(seq))
+    for need in seq:
+        old = rows.grow(np.array(need) + rows.caps * 0)
+        if old is None:
+            continue
+        before = _by_id_layout(rows, old, arr)
+        arr = rows.relayout(arr, old, fill)
+        assert arr.shape == (*lead, rows.size)
+        assert (rows.caps >= np.minimum(need, STRIDE)).all()
+        got = _by_id(rows, arr)
+        blank = tuple([fill] * int(np.prod(lead, dtype=np.int64)))
+        for i, v in got.items():
+            assert v == before.get(i, blank), (i, v, before.get(i))
+        # write distinct values into every storage position (as the callers do for ids they hand out)
+        vals = rng.integers(1, 100, size=arr.shape).astype(dtype)
+        arr[...] = vals
+        expect = _by_id(rows, arr)
+    assert _by_id(rows, arr) == expect
+
+
+def _by_id_layout(rows: RaggedRows, layout: tuple, arr: np.ndarray) -> dict[int, tuple]:
+    caps, offs = layout
+    ix = np.arange(int(offs[-1]))
+    ids = rows.ids(ix, layout)
+    return {int(i): tuple(np.atleast_1d(arr[..., k]).tolist()) for k, i in zip(ix.tolist(), ids.tolist())}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 20000), min_size=1, max_size=8))
+def test_rank_rows_relayout_keeps_every_slot(seq):
+    rows = RankRows(R, 1 << 16, 1 << 16)
+    own = np.zeros(0, dtype=np.int64)
+    bits = np.zeros(0, dtype=np.uint8)
+    ring = np.zeros((3, 0), dtype=np.uint8)
+    lru = np.zeros((0, 5), dtype=np.int32)
+    for need in seq:
+        old = rows.grow(need)
+        if old == rows.cap:
+            continue
+        prev = (own.reshape(R, old).copy(), bits.reshape(R, old // 8).copy(), ring.reshape(3, R, old // 8).copy(),
+                lru.reshape(R, old, 5).copy())
+        own = rows.relayout(own, old, -1)
+        bits = rows.relayout(bits, old, 0, 1 / 8)
+        ring = rows.relayout_stacked(ring, old, 0, 1 / 8)
+        lru = rows.relayout(lru, old, 7)
+        c = rows.cap
+        assert c >= need and c % 64 == 0
+        o2, b2, r2, l2 = own.reshape(R, c), bits.reshape(R, c // 8), ring.reshape(3, R, c // 8), lru.reshape(R, c, 5)
+        assert (o2[:, :old] == prev[0]).all() and (o2[:, old:] == -1).all()
+        assert (b2[:, :old // 8] == prev[1]).all() and (b2[:, old // 8:] == 0).all()
+        assert (r2[:, :, :old // 8] == prev[2]).all() and (r2[:, :, old // 8:] == 0).all()
+        assert (l2[:, :old] == prev[3]).all() and (l2[:, old:] == 7).all()
+        own[...] = np.arange(own.size)
+        bits[...] = np.arange(bits.size) % 251
+        ring[...] = np.arange(ring.size).reshape(ring.shape) % 253
+        lru[...] = np.arange(lru.size).reshape(lru.shape)
+
+
+def test_growth_slack_is_bounded():
+    """A row's first storage is what it needs; a long row then grows by 1/HEADROOM of its need, not x2; a full row
+    grows with the row that overflows (one event)."""
+    rows = RaggedRows(2, STRIDE, STRIDE)
+    rows.grow(np.array([131072, 0]))
+    assert rows.caps.tolist() == [131072, 0]
+    rows.grow(np.array([131072, 131072]))  # row 1's first storage; row 0 is full: it grows in the same event
+    assert rows.caps[1] == 131072 and 131072 < rows.caps[0] <= 131072 * (1 + 1 / HEADROOM) + 64
+    rows.grow(np.array([131072, 131073]))
+    assert 131073 < rows.caps[1] <= 131073 * (1 + 1 / HEADROOM) + 64
+
+
+def test_regrowth_moves_rows_inside_one_buffer():
+    """The first re-layout allocates exactly; later ones get room and then grow in place (same buffer)."""
+    rows = RaggedRows(3, STRIDE, STRIDE)
+    arr = np.zeros(0, dtype=np.int32)
+    arr = rows.relayout(arr, rows.grow(np.array([0, 100000, 0])), -1)
+    assert arr.base is None and arr.size == rows.size
+    arr[:] = 5
+    arr = rows.relayout(arr, rows.grow(np.array([100000, 100000, 0])), -1)
+    buf = arr.base
+    assert buf is not None and buf.size > arr.size
+    arr = rows.relayout(arr, rows.grow(np.array([100000, 100000, 100000])), -1)
+    assert arr.base is buf and rows.size > 0
+    assert (arr[rows.index(np.array([0, STRIDE, 2 * STRIDE, 2 * STRIDE + 99999]))] == [-1, 5, -1, -1]).all()
