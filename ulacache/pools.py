@@ -170,13 +170,13 @@ def _move(dst: np.ndarray, src: np.ndarray, d: int, s: int, length: int, axis: i
 
 
 def _relayout(arr: np.ndarray, olds: list[int], oleft: list[int], news: list[int], left: list[int], total: int,
-              fill, axis: int) -> np.ndarray:
+              fill, axis: int, spare: bool = True) -> np.ndarray:
     """Rows of `arr` (row r: [olds[r], olds[r] + oleft[r]) along `axis`) moved to [news[r], ...) in storage of
     `total`, [news[r] + oleft[r], news[r] + left[r]) filled; in place when `arr`'s buffer has room."""
     buf, zero = _BUFFERS.room(arr, total, axis)  # zero: where the buffer is still all zero (-1: unknown)
     src = buf
     if buf is None:  # a new buffer: exact the first time (a table that never grows again), spare after
-        (buf, zero), src = _BUFFERS.new(arr, total, axis, spare=arr.shape[axis] > 0), arr
+        (buf, zero), src = _BUFFERS.new(arr, total, axis, spare=spare and arr.shape[axis] > 0), arr
     zero = zero if fill == 0 else -1  # zero fills stop there (those pages stay unmapped)
     for r in range(len(olds) - 1, -1, -1):  # loop over rows, last first: moves go right, none overwrites a row to come
         o, n, oc, c = olds[r], news[r], oleft[r], left[r]
@@ -229,13 +229,14 @@ class RankRows:
         return [r * o for r in range(R)], [o] * R, [r * n for r in range(R)], [n] * R, R * n
 
     def relayout(self, arr: np.ndarray, old: int, fill, per_id: float = 1) -> np.ndarray:
-        """`arr` (R rows of old * per_id elements, trailing dims kept) re-laid to rows of cap * per_id elements
-        (in place when its buffer has room: the caller keeps the returned view)."""
-        return _relayout(arr, *self._rows(old, per_id), fill, 0)
+        """`arr` (R rows of old * per_id elements, trailing dims kept) re-laid to rows of cap * per_id elements, in
+        a new exact array: every row moves anyway, and spare room kept pools' pages resident (pinned ulacache DP
+        replay: peak RSS 3.83 GB with spare buffers, 2.80 GB without)."""
+        return _relayout(arr, *self._rows(old, per_id), fill, 0, spare=False)
 
     def relayout_stacked(self, arr: np.ndarray, old: int, fill, per_id: float = 1) -> np.ndarray:
         """`relayout` of each row of a 2-D `arr` (M tables laid out like the ids): one (M, R * cap * per_id) array."""
-        return _relayout(arr, *self._rows(old, per_id), fill, -1)
+        return _relayout(arr, *self._rows(old, per_id), fill, -1, spare=False)
 
 
 class RaggedRows:
