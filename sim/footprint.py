@@ -23,6 +23,7 @@ resident set) and an address-space rlimit (less what the process maps beyond its
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import tracemalloc
@@ -76,6 +77,32 @@ def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
     return min(options, key=lambda o: o[0])
 
 
+@contextlib.contextmanager
+def _traced():
+    """tracemalloc on for the block (left as found: a caller that already traces keeps tracing)."""
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        yield
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+
+
+def _memo(make_cache, name: str) -> dict:
+    """The probe results memoized on `make_cache` (a plain function object), else a throw-away dict."""
+    return make_cache.__dict__.setdefault(name, {}) if hasattr(make_cache, "__dict__") else {}
+
+
+def _one_request(make_cache, k: int):
+    """(cache, n): a fresh cache holding one request of n = min(PROBE_TOKENS, its room) tokens on rank 0."""
+    cache = make_cache(0, k)
+    n = max(1, min(PROBE_TOKENS, _room(cache)))
+    cache.alloc_many([0], np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64))
+    return cache, n
+
+
 def _probe_fill(make_cache, k: int, counts: list[int]) -> tuple[float, float]:
     """(bytes when built, bytes added by allocating counts[r] tokens on rank r)."""
     base = tracemalloc.get_traced_memory()[0]
@@ -94,14 +121,11 @@ def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, 
     rank (b1) and on two (b2): b1 + (R - 1) (b2 - b1), since storage kept in rows as long as the fullest rank's
     costs the same for both and storage kept per rank grows by one rank's. Probes allocate at most PROBE_TOKENS
     per rank and are scaled per entry beyond. Memoized on `make_cache`."""
-    memo = make_cache.__dict__.setdefault("probes", {}) if hasattr(make_cache, "__dict__") else {}
+    memo = _memo(make_cache, "probes")
     key = (k, entries, fullest)
     if key in memo:
         return memo[key]
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
+    with _traced():
         cache = make_cache(0, k)
         room, ranks = _room(cache), cache.config.num_ranks
         dp = cache.config.mode == "dp" and ranks > 1
@@ -115,9 +139,6 @@ def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, 
             _, b1 = _probe_fill(make_cache, k, [n])
             _, b2 = _probe_fill(make_cache, k, [n, n])
             fills.append((b1 + (ranks - 1) * max(b2 - b1, 0.0)) * max(f, 1) / n)
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
     memo[key] = out = (fixed, max(fills))
     return out
 
@@ -128,21 +149,16 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
     until every rank's buffer is full), then once with one reference (so that the plan it keeps is small): bytes
     then / copies held (the buffer pool's rows, the slot maps' keys), and what the large batch's kept plan cost / its
     references. Memoized."""
-    memo = make_cache.__dict__.setdefault("copy_probes", {}) if hasattr(make_cache, "__dict__") else {}
+    memo = _memo(make_cache, "copy_probes")
     if k in memo:
         return memo[k]
     from ulacache import CapacityError
 
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
-        cache = make_cache(0, k)
+    with _traced():
+        cache, n = _one_request(make_cache, k)
         c = cache.config
         slots = c.effective_local_buffer_slots if c.mode == "tp" and c.policy != "hisparse" else 0
         per_copy = per_ref = 0.0
-        n = max(1, min(PROBE_TOKENS, _room(cache)))
-        cache.alloc_many([0], np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64))
         addrs = cache.request_addresses(0)
         before = tracemalloc.get_traced_memory()[0]
         batch, lo, fetched, plan = max(1, min(n, slots or n, c.gpu_slots)), 0, 0, None
@@ -169,9 +185,6 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
             per_copy = max(settled - before, 0) / held if held else 0.0
             per_ref = max(filled - settled, 0) / batch
         del cache
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
     memo[k] = out = (per_copy, per_ref)
     return out
 
@@ -179,23 +192,15 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
 def probe_freed(make_cache, k: int) -> float:
     """Bytes per history entry a cache keeps once its request is freed (the free-id stacks, 8 bytes per id each):
     a cache given PROBE_TOKENS tokens on rank 0, then freed, under tracemalloc. Memoized."""
-    memo = make_cache.__dict__.setdefault("free_probes", {}) if hasattr(make_cache, "__dict__") else {}
+    memo = _memo(make_cache, "free_probes")
     if k in memo:
         return memo[k]
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
-        cache = make_cache(0, k)
-        n = max(1, min(PROBE_TOKENS, _room(cache)))
-        cache.alloc_many([0], np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64))
+    with _traced():
+        cache, n = _one_request(make_cache, k)
         filled = tracemalloc.get_traced_memory()[0]
         cache.free(0)
         memo[k] = out = max(tracemalloc.get_traced_memory()[0] - filled, 0) / n
         del cache
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
     return out
 
 
