@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from traces.atomic import atomic_write_text
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_bench import PINNED, run_one  # noqa: E402
 
@@ -71,9 +73,7 @@ def main() -> int:
         print(f"{label:24s} {row['status']:>8s} {row['wall_s']:7.1f} s {row['cpu_s'] or 0:7.1f} cpu-s "
               f"peak {row['peak_rss_gb'] or 0:5.2f} GB est {row['est_peak_gb'] or 0:5.2f} GB", flush=True)
         result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(out)
+        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from traces.atomic import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = {"policy": "pb-lru", "cpu_storage": True, "model": {"preset": "glm-5"}, "spec": {"draft_tokens": 0},
           "workload": {"num_requests": 24, "max_concurrency": 24, "seed": 1}}
@@ -172,9 +174,7 @@ def main() -> int:
             "max_peak_rss_gb": max((r["peak_rss_gb"] or 0) for r in {**prev, **rows}.values()),
         }
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(out)
+        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     return 0
 
 
