@@ -423,3 +423,21 @@ def test_payload_bytes_follow_the_places_written_not_the_budget():
     assert np.array_equal(c.read(a), data)
     c.check_invariants()
     assert c._data.nbytes < 64 << 20
+
+
+def test_pblru_epoch_clock_past_int16_matches_a_fresh_clock():
+    """pb-lru stamps start as int16 epochs and widen as the clock passes 2**15 - 1: a cache whose clock starts just
+    below it places every entry as one starting at 0 (buckets go by age, never by the clock's value)."""
+    runs = []
+    for start in (0, 2**15 - 3):
+        c = make(gpu_slots=64, cpu_slots=400, num_recent_buckets=3)
+        c.policy.buckets.epoch = start  # test-only: move the clock
+        a = c.alloc(1, 300)
+        rng = np.random.default_rng(5)
+        for _ in range(30):
+            c.commit(c.access(rng.choice(a, size=40, replace=False)))
+            c.check_invariants()
+        runs.append((c.locate(a), c.device_state().epoch - start, c.policy.gpu.stamp.dtype))
+    (l0, e0, d0), (l1, e1, d1) = runs
+    assert e0 == e1 >= 4 and d0 == np.int16 and d1 == np.int32
+    assert all(np.array_equal(x, y) for x, y in zip(l0, l1))

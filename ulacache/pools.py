@@ -323,7 +323,8 @@ class Pool:
         self.num_places = num_ranks * self.seg
         self.rows = RankRows(num_ranks, self.seg, self.seg)
         self.own = np.zeros(0, dtype=id_dtype(address_limit))  # int32 while the addresses held fit
-        self.stamp = np.zeros(0, dtype=stamp_dtype)  # int32 where steps stay small (TP buffers: half the bytes read)
+        self.stamp = np.zeros(0, dtype=stamp_dtype)  # narrow where clocks stay small (TP buffers, pb-lru epochs)
+        self._stamp_max = int(np.iinfo(stamp_dtype).max)  # widened (`fit_stamp`) before a clock outgrows it
         self.free = np.zeros(0, dtype=np.uint8)
         self.free_nz = np.zeros(0, dtype=bool)
         self.cleared = 0
@@ -403,8 +404,17 @@ class Pool:
         self._write_free(be, idx, True)
         self.in_use -= np.bincount(self.rank_of_idx(idx), minlength=self.R)
 
+    def fit_stamp(self, clock: int) -> None:
+        """Widen the stamps (a copy, once per width) if `clock` does not fit their dtype: callers start narrow
+        (bytes per slot) and call this before a clock value reaches the stamps or is compared with them."""
+        if clock > self._stamp_max:
+            self.stamp = self.stamp.astype(np.int32 if clock < 2**31 else np.int64)
+            self._stamp_max = int(np.iinfo(self.stamp.dtype).max)
+
     def touch(self, idx: np.ndarray, stamp: int) -> None:
         """Set the recency stamp of slots (and log it when the pool keeps an exact LRU order)."""
+        if stamp > self._stamp_max:
+            self.fit_stamp(stamp)
         self.stamp[idx] = stamp
         if self.log is not None:
             self.log.touch(idx, stamp)
@@ -446,8 +456,8 @@ class Pool:
 
     @property
     def stamps(self) -> np.ndarray:
-        """Dense copy by place - base, sized by the budget (for UlaCache.device_state)."""
-        return self.dense(self.stamp, 0)
+        """Dense int64 copy by place - base, sized by the budget (for UlaCache.device_state)."""
+        return self.dense(self.stamp, 0).astype(np.int64, copy=False)
 
     @property
     def free_bm(self) -> np.ndarray:

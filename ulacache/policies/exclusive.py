@@ -54,11 +54,13 @@ class ExchangeState:
 class ExclusivePolicy:
     exclusive = True
     exact_lru = False  # the GPU pool keeps an exact LRU order (lru)
+    stamp_dtype = np.int64  # the GPU pool's stamps (narrower where the clock stays small; Pool.fit_stamp widens)
 
     def __init__(self, cfg, be):
         self.cfg, self.be = cfg, be
         R = cfg.num_ranks
-        self.gpu = Pool(R, cfg.gpu_slots, exact_lru=self.exact_lru, address_limit=R * (cfg.gpu_slots + cfg.cpu_slots))
+        self.gpu = Pool(R, cfg.gpu_slots, exact_lru=self.exact_lru, address_limit=R * (cfg.gpu_slots + cfg.cpu_slots),
+                        stamp_dtype=self.stamp_dtype)
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.gpu.num_places)
         self.num_places = self.gpu.num_places + self.cpu.num_places
         self.space = AddressSpace(R, cfg.gpu_slots + cfg.cpu_slots, self.num_places)

@@ -30,6 +30,7 @@ def epoch_volume(num_ranks: int, gpu_slots: int, num_recent: int) -> int:
 
 class PbLruPolicy(ExclusivePolicy):
     name = "pb-lru"
+    stamp_dtype = np.int16  # stamps are epochs: few (82 in the pinned DP replay); widened as the clock passes
 
     def __init__(self, cfg, be):
         super().__init__(cfg, be)
@@ -55,6 +56,7 @@ class PbLruPolicy(ExclusivePolicy):
         be, buckets = self.be, self.buckets
         if self._ends_epoch(hit_gidx, m_counts):
             buckets.rotate()
+            self.gpu.fit_stamp(buckets.epoch)  # before bucket_of compares the clock with the stamps
             self.inserted = 0
         self.inserted += int(m_counts.sum())
         buckets.remove(be, hit_gidx, self.gpu.stamp)  # recency update: hits move to the current bucket
