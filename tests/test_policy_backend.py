@@ -142,3 +142,44 @@ def test_lru_select_counting_equals_partition(nseg, span, data):
     slots, found = be.lru_select(stamps, eligible, seg, counts)
     ref, ref_found = be._lru_select_sorted(stamps, eligible, seg, counts)
     assert slots.tolist() == ref.tolist() and found.tolist() == ref_found.tolist()
+
+
+def _select_first_reference(bits: np.ndarray, seg: int, counts: np.ndarray):
+    """select_first by definition: per segment, the lowest min(counts[r], set) set slots."""
+    out, found = [], []
+    for r, k in enumerate(counts.tolist()):
+        got = np.flatnonzero(bits[r * seg:(r + 1) * seg])[: max(k, 0)] + r * seg
+        out += got.tolist()
+        found.append(min(k, int(bits[r * seg:(r + 1) * seg].sum())))
+    return out, found
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 9), st.sampled_from([1, 2, 3, 63, 64, 65, 130, 200]), st.sampled_from([0.0, 0.002, 0.05, 0.5, 1.0]),
+       st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from(["low", "high", "any"]), st.integers(0, 2**31))
+def test_select_first_equals_reference_with_stale_flags(nseg, words_per_seg, density, stale, where, seed):
+    """Random bitmaps whose segments are not aligned with summary words (words_per_seg % 64 != 0), summaries with
+    stale flags (set for words that are empty, as after clears), counts from -1 to more than the segment holds."""
+    rng = np.random.default_rng(seed)
+    seg = 64 * words_per_seg
+    bits = rng.random(nseg * seg) < density
+    if where != "any":  # set bits only at one end of each segment (pools fill from their low slots)
+        half = (np.arange(nseg * seg) % seg) < seg // 2
+        bits &= ~half if where == "high" else half
+    nonzero = bits.reshape(-1, 64).any(axis=1)
+    flags = nonzero | (rng.random(nonzero.size) < stale)
+    summary = np.packbits(np.concatenate([flags, np.zeros((-flags.size) % 64, bool)]), bitorder="little")
+    counts = rng.integers(0, 3, size=nseg) * rng.choice([1, 3, 64, 200, seg + 5], size=nseg)
+    counts = np.where(rng.random(nseg) < 0.1, -1, counts).astype(np.int64)  # a negative count takes nothing
+    expect, expect_found = _select_first_reference(bits, seg, counts)
+    bm = bitmap_of(bits)
+    slots, found = be.select_first(bm, summary, seg, counts)
+    assert slots.dtype == np.int64 and found.dtype == np.int64
+    assert slots.tolist() == expect and found.tolist() == expect_found
+    # both searches, whichever the count picks: array passes, and one by one (None: too many stale flags to walk)
+    words, summary_words = bm.view("<u8"), summary.view("<u8")
+    slots, found = be._select_many(words, summary_words, seg // 64, counts)
+    assert slots.tolist() == expect and found.tolist() == expect_found
+    few = be._select_few(words, summary_words, seg // 64, counts)
+    if few is not None:
+        assert few[0].tolist() == expect and few[1].tolist() == expect_found

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-_TRIM_FACTOR = 4  # select_first trims its candidate words to each segment's first counts[r] when that cuts this much
 _SORT_DEDUP_RATIO = 16  # dedup sorts a batch this many times shorter than its marker (bench/dedup_crossover.py)
 _BIN_PASSES = 4  # lru_select counts the oldest stamps one pass each up to this many, then all at once
+_EMPTY = np.zeros(0, dtype=np.int64)
+_FEW_SLOTS = 64  # select_first takes at most this many slots one by one in Python (no per-call array passes)
+_FEW_WORDS = 256  # ... reading at most this many flagged words (stale flags past it: the vectorized search)
 _BIT = (np.uint8(1) << np.arange(8, dtype=np.uint8)).astype(np.uint8)
 
 
@@ -95,38 +97,120 @@ class NumpyBackend:
         return np.packbits(nonzero, bitorder="little")
 
     def select_first(self, bitmap, summary, seg_slots, counts):
+        # Work follows the slots taken, not the bitmap: a few slots are walked one by one in Python ints, more are
+        # found by array passes over only the flags and words they need (_select_many).
         counts = np.asarray(counts, dtype=np.int64)
+        words, flags = bitmap.view("<u8"), summary.view("<u8")
+        if int(np.maximum(counts, 0).sum()) <= _FEW_SLOTS:
+            got = self._select_few(words, flags, seg_slots >> 6, counts)
+            if got is not None:
+                return got
+        return self._select_many(words, flags, seg_slots >> 6, counts)
+
+    @staticmethod
+    def _select_many(words, flags, wps, counts):
+        """select_first by array passes, each segment read only as far as its count needs: its first flags (summary
+        bits) name its first candidate words; a flagged word holds >= 1 set bit unless stale (cleared since it was
+        flagged), so the first counts[r] flags usually suffice, and a segment left short while it has unread flags
+        reads 4x more. Of the candidates, the words up to the one holding the counts[r]-th set bit are unpacked."""
         nseg = counts.size
-        words = bitmap.view("<u8")
-        words_per_seg = seg_slots // 64
-        cand = np.flatnonzero(np.unpackbits(summary, bitorder="little")[: words.size])  # non-empty words, ascending
-        if nseg and cand.size > _TRIM_FACTOR * (int(counts.sum()) + nseg):
-            # A flagged word holds >= 1 set bit unless stale, so a segment's first counts[r] flagged words usually
-            # hold its answer: look only at those (exact: used where they hold counts[r] bits or are all there is).
-            starts = np.searchsorted(cand, np.arange(nseg + 1, dtype=np.int64) * words_per_seg)
-            ends = np.minimum(starts[:-1] + np.maximum(counts, 0), starts[1:])
-            n = ends - starts[:-1]
-            sub = cand.take(np.repeat(starts[:-1] - (np.cumsum(n) - n), n) + np.arange(int(n.sum())))
-            total = np.bincount(sub // words_per_seg, weights=np.bitwise_count(words[sub]), minlength=nseg)
-            if ((total >= counts) | (ends == starts[1:])).all():
-                cand = sub
-        popc = np.bitwise_count(words[cand]).astype(np.int64)
-        seg = cand // words_per_seg
-        seg_total = np.bincount(seg, weights=popc, minlength=nseg).astype(np.int64)
-        seg_offset = np.cumsum(seg_total) - seg_total
-        before = np.cumsum(popc) - popc - seg_offset[seg]  # set bits earlier in the same segment
-        need = np.flatnonzero(before < counts[seg])  # words holding the bits to take
-        take = cand.take(need)
-        bits = np.unpackbits(bitmap.reshape(-1, 8).take(take, axis=0), axis=1, bitorder="little")
-        rows, cols = np.nonzero(bits)
-        slots = take.take(rows) * 64 + cols  # ascending
-        found = np.minimum(counts, seg_total)
-        if nseg == 1:
-            return slots[: found[0]].astype(np.int64, copy=False), found
-        sseg = seg.take(need).take(rows)
-        per = np.bincount(sseg, minlength=nseg)
-        rank_in_seg = np.arange(slots.size) - (np.cumsum(per) - per)[sseg]
-        return slots.take(np.flatnonzero(rank_in_seg < counts[sseg])).astype(np.int64, copy=False), found
+        want = np.maximum(counts, 0)
+        nzf = flags.nonzero()[0]  # summary words holding flags, ascending
+        if nzf.size == 0 or not want.any():
+            return np.zeros(0, dtype=np.int64), np.minimum(counts, 0)
+        lo = np.arange(nseg, dtype=np.int64) * wps  # first word of each segment
+        first = nzf.searchsorted(lo >> 6)  # segment r's flag words: nzf[first[r]:end[r]]
+        end = nzf.searchsorted(((lo + wps - 1) >> 6) + 1)
+        fc = np.zeros(nzf.size + 1, dtype=np.int64)
+        np.cumsum(np.bitwise_count(flags.take(nzf)), out=fc[1:])  # flags in nzf[:i]
+        slack = 0 if wps & 63 == 0 else 63  # a segment's first flag word may hold up to 63 flags of the one before
+        need = want
+        while True:
+            stop = np.minimum(fc.searchsorted(fc.take(first) + need + slack), end)
+            stop[want == 0] = first[want == 0]
+            cw, cseg = NumpyBackend._flagged_words(flags, nzf, first, stop, lo, wps, slack, words.size)
+            pc = np.bitwise_count(words.take(cw))
+            csum = np.zeros(cw.size + 1, dtype=np.int64)
+            np.cumsum(pc, out=csum[1:])  # set bits in cw[:i]
+            b = cseg.searchsorted(np.arange(nseg + 1))  # segment r's candidates: cw[b[r]:b[r + 1]]
+            base = csum.take(b[:-1])
+            tot = csum.take(b[1:]) - base  # set bits in the candidates of each segment
+            short = (tot < want) & (stop < end)
+            if not short.any():
+                break
+            need = np.where(short, 4 * need, need)  # stale flags: read further (geometric, so O(flags read))
+        before = csum[:-1] - base.take(cseg)  # set bits before each candidate, within its segment
+        use = (before < want.take(cseg)).nonzero()[0]  # candidates holding the bits to take
+        wu = cw.take(use)
+        p = np.unpackbits(words.take(wu).view(np.uint8), bitorder="little").nonzero()[0]
+        k = p >> 6
+        slots = wu.take(k) * 64 + (p & 63)  # ascending within each segment, segments in order
+        found = np.minimum(counts, tot)
+        if slots.size != int(np.maximum(found, 0).sum()):  # the last word of a segment holds more than it needs
+            pu = pc.take(use).astype(np.int64)
+            first_bit = np.cumsum(pu) - pu  # position in p of each used word's first bit
+            rank = np.arange(p.size) - first_bit.take(k) + before.take(use).take(k)
+            slots = slots[rank < want.take(cseg.take(use).take(k))]
+        return slots, found
+
+    @staticmethod
+    def _select_few(words, flags, wps, counts):
+        """select_first for a few slots in Python ints: per segment, its flags in order, each flagged word's set bits
+        lowest first. None when more than _FEW_WORDS flagged words are read (stale flags): the caller vectorizes."""
+        out, found, budget = [], [], _FEW_WORDS
+        for r, k in enumerate(counts.tolist()):
+            if k <= 0:
+                found.append(k)
+                continue
+            lo, hi = r * wps, min((r + 1) * wps, words.size)  # the segment's words
+            want = k
+            for j in (flags[lo >> 6:((hi - 1) >> 6) + 1].nonzero()[0] + (lo >> 6)).tolist():
+                f = int(flags[j])
+                if j << 6 < lo:  # flags of the segment before
+                    f &= ~((1 << (lo - (j << 6))) - 1)
+                if hi < (j + 1) << 6:  # flags of the segment after
+                    f &= (1 << (hi - (j << 6))) - 1
+                while f and k:
+                    budget -= 1
+                    if budget < 0:
+                        return None
+                    low = f & -f
+                    f ^= low
+                    w_ix = ((j << 6) + low.bit_length() - 1)
+                    w = int(words[w_ix])
+                    while w and k:
+                        bit = w & -w
+                        w ^= bit
+                        out.append((w_ix << 6) + bit.bit_length() - 1)
+                        k -= 1
+                if not k:
+                    break
+            found.append(want - k)
+        return np.array(out, dtype=np.int64), np.array(found, dtype=np.int64)
+
+    @staticmethod
+    def _flagged_words(flags, nzf, first, stop, lo, wps, slack, num_words):
+        """Words flagged in summary words nzf[first[r]:stop[r]] that lie in segment r: (word, segment), ascending."""
+        n = stop - first
+        total = int(n.sum())
+        if total == 0:
+            return _EMPTY, _EMPTY
+        pos = np.arange(total, dtype=np.int64)
+        if n.size > 1:
+            pos += np.repeat(first - (np.cumsum(n) - n), n)
+            seg = np.repeat(np.arange(n.size, dtype=np.int64), n)
+        else:
+            pos += first[0]
+            seg = np.zeros(total, dtype=np.int64)
+        fw = nzf.take(pos)
+        p = np.unpackbits(flags.take(fw).view(np.uint8), bitorder="little").nonzero()[0]
+        k = p >> 6
+        cw, cseg = fw.take(k) * 64 + (p & 63), seg.take(k)
+        if slack or lo[-1] + wps > num_words:  # drop flags of a neighbouring segment (or past the bitmap)
+            start = lo.take(cseg)
+            keep = ((cw >= start) & (cw < np.minimum(start + wps, num_words))).nonzero()[0]
+            cw, cseg = cw.take(keep), cseg.take(keep)
+        return cw, cseg
 
     def lru_select(self, stamps, eligible, seg_slots, counts):
         # Stamps are steps: a segment's stamps span few values and the victims carry the oldest. While the span fits
