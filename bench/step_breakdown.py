@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib
 import json
 import os
 import platform
@@ -33,6 +34,10 @@ WRAP = ((engine.Engine, ("_step", "_batch", "_policy_ratios", "_link_rows", "_sh
         (timing.StepTimer, ("run",)), (policy.PolicyRunner, ("run_step", "grow", "_access", "_ratios")),
         (policy.AddressTable, ("lookup", "append")), (synthetic.SyntheticSelections, ("select", "select_groups")))
 LIBRARY = ("access", "commit", "alloc_many")
+# Inside the library: the policies' and TP local buffers' own steps (the facade's share = UlaCache.* minus these).
+INTERNAL = (("ulacache.policies.exclusive", "ExclusivePolicy", ("access", "commit", "alloc_many")),
+            ("ulacache.policies.hisparse", "HiSparsePolicy", ("access", "commit", "alloc_many")),
+            ("ulacache.local_buffer", "LocalBuffers", ("check_fits", "plan", "commit")))
 
 
 def instrument(acc: dict) -> None:
@@ -56,6 +61,14 @@ def instrument(acc: dict) -> None:
     for cls in {v for v in vars(cache_mod).values() if isinstance(v, type) and hasattr(v, "alloc_many")}:
         for name in LIBRARY:
             wrap(cls, name)
+    for module, cls_name, names in INTERNAL:
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+        except (ImportError, AttributeError):  # an older tree may lack it
+            continue
+        for name in names:
+            if name in vars(cls):
+                wrap(cls, name)
 
 
 def main(argv=None) -> int:

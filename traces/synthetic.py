@@ -431,7 +431,7 @@ class SyntheticSelections:
         if s:
             out[..., :s] = np.arange(s, dtype=np.int64)
         if w:
-            out[..., k - w:] = (hist[:, None] - w + np.arange(w, dtype=np.int64))[None, :, None, :]
+            out[..., k - w:] = (hist[:, None] + _recent_offsets(w))[None, :, None, :]
         tb = self._tables(plans, dom)
         hcol = (hist - s - w).astype(np.int32)[None, :, None]
         t = self._row_keys(plans, rid)
@@ -466,11 +466,12 @@ class SyntheticSelections:
                 ln += 1
                 ln >>= 1
             mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])
-            ts = t ^ mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))[None, :, None]
+            ts = t ^ _step_keys(step32)[None, :, None]
             ts *= np.uint32(0x846CA68B)
-            thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
-            diverge = thr1 - (ts >> u16)  # query tokens > 0 redraw where the top bits reach spec_share
-            diverge >>= np.uint32(31)
+            if q > 1:  # query tokens > 0 redraw where the top bits reach spec_share (query 0 never reads this)
+                thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
+                diverge = thr1 - (ts >> u16)
+                diverge >>= np.uint32(31)
             qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
             d = np.empty(ts.shape, np.uint32)
             for qi in range(q):
@@ -526,8 +527,41 @@ def _domains(hm: np.ndarray, kp: int) -> np.ndarray:
     It only changes when the history crosses such a bound, so strata stay put while a history grows.
     """
     x = (hm.astype(np.int64) * (2 * kp)) // (kp + 4)
+    if x.size <= 8 and x.min() >= 1:  # a few rows: the same powers of two from Python integers
+        return np.array([1 << (v.bit_length() - 1) for v in x.tolist()], dtype=np.int64)
     dom = np.left_shift(np.int64(1), np.floor(np.log2(x.astype(np.float64))).astype(np.int64))
     return np.where(dom * 2 <= x, dom * 2, np.where(dom > x, dom // 2, dom))  # guard float rounding
+
+
+def _step_keys(step32: np.ndarray) -> np.ndarray:
+    """mix32(step * GOLDEN32 ^ 0x51E9) per row (uint32): in Python integers for a few rows (a handful of numpy
+    calls on one element cost more than the arithmetic), the same bits."""
+    if step32.size > 8:
+        with np.errstate(over="ignore"):
+            return mix32(step32 * GOLDEN32 ^ np.uint32(0x51E9))
+    return np.array([_mix32_int(((int(x) * 0x9E3779B1) & 0xFFFFFFFF) ^ 0x51E9) for x in step32.tolist()],
+                    dtype=np.uint32)
+
+
+def _mix32_int(x: int) -> int:
+    """hashing.mix32 of one uint32 value as a Python int (wrapping 32-bit products)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+_RECENT: dict[int, np.ndarray] = {}
+
+
+def _recent_offsets(w: int) -> np.ndarray:
+    """-w .. -1 (int64, read-only, cached): the recent window's positions relative to the history length."""
+    a = _RECENT.get(w)
+    if a is None:
+        a = _RECENT[w] = np.arange(-w, 0, dtype=np.int64)
+        a.setflags(write=False)
+    return a
 
 
 def _qkeys(q: int) -> np.ndarray:
@@ -551,9 +585,9 @@ def _log2(x: np.ndarray) -> np.ndarray:
 
 def _check_select_args(request_ids, history_lens, steps, num_query_tokens):
     try:
-        rid = np.asarray(request_ids).astype(np.int64, casting="safe").ravel()
-        hist = np.asarray(history_lens).astype(np.int64, casting="safe").ravel()
-        step = np.asarray(steps).astype(np.int64, casting="safe").ravel()
+        rid = np.asarray(request_ids).astype(np.int64, casting="safe", copy=False).ravel()  # read, never written
+        hist = np.asarray(history_lens).astype(np.int64, casting="safe", copy=False).ravel()
+        step = np.asarray(steps).astype(np.int64, casting="safe", copy=False).ravel()
     except TypeError as exc:
         raise TraceError(f"select: request_ids, history_lens and steps must be integer arrays ({exc})") from None
     if not (rid.size == hist.size == step.size):
