@@ -142,7 +142,7 @@ def release_memory() -> None:
 
 def _per_rank(rows, num_ranks: int) -> np.ndarray:
     """A plan's rows per rank as float64[num_ranks] (a replicated cache's single rank repeated)."""
-    x = np.asarray(rows, dtype=float).reshape(-1)
+    x = rows.astype(float) if isinstance(rows, np.ndarray) and rows.ndim == 1 else np.asarray(rows, float).reshape(-1)
     return x if x.size == num_ranks else np.resize(x, num_ranks)
 
 
@@ -217,7 +217,7 @@ class PolicyRunner:
         self.bound = getattr(make_cache, "bound", None)
         self.ks = self._stride(self.k)
         self.stride = cfg.fidelity.step_stride
-        self.caches = {g: make_cache(g, self.k) for g in self.groups}
+        self.caches = self._build_caches()
         self.tables = self._tables()
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
         self.sampled_per_space: dict[int, int] = {}
@@ -273,6 +273,26 @@ class PolicyRunner:
         """The effective stride pools are scaled by at nominal stride k (`RunBound.stride`; k without a bound)."""
         return float(k) if self.bound is None else self.bound.stride(k)
 
+    def _build_caches(self) -> dict:
+        """The simulated groups' caches. With the simulator's factory (`make_cache.config`: the configuration is a
+        function of k alone) they all start in one state and receive the same calls until the first access, so only
+        the first group's is built and driven until then; the others are copies of it (`UlaCache.clone`) made when
+        they first differ (`_split`): a pilot's 78 caches cost one prompt allocation, not 78."""
+        lead = self.make_cache(self.groups[0], self.k)
+        self._twins = []
+        if len(self.groups) > 1 and hasattr(lead, "clone") and getattr(self.make_cache, "config", None) is not None:
+            self._twins = self.groups[1:]
+            return {self.groups[0]: lead}
+        return {self.groups[0]: lead, **{g: self.make_cache(g, self.k) for g in self.groups[1:]}}
+
+    def _split(self) -> None:
+        """Give every group its own cache (copies of the first group's, which holds the state they share)."""
+        if self._twins:
+            lead = self.caches[self.groups[0]]
+            made = {g: lead.clone() for g in self._twins}
+            self._twins = []
+            self.caches = {g: self.caches[g] if g in self.caches else made[g] for g in self.groups}
+
     def _table(self, cache) -> AddressTable:
         size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
         return AddressTable(self.max_request_tokens, np.int32 if size < 2**31 - 1 else np.int64)
@@ -296,11 +316,12 @@ class PolicyRunner:
         self.tables.next_round()
         for g, cache in self.caches.items():
             addrs = cache.alloc(rid, int(num_tokens), rank=rank)
-            self.tables.add(g, rid, addrs)
             tier, where, _ = cache.locate(addrs)
             n_ranks = cache.config.num_ranks
             cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
-            self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
+            for gg in [g] + (self._twins if g == self.groups[0] else []):  # twins: the same call, the same result
+                self.tables.add(gg, rid, addrs)
+                self.prompt_cpu_rows[gg] = self.prompt_cpu_rows.get(gg, 0) + cpu
             if g == self.groups[0] and count_prompt:
                 self.prompt_rows += float(cpu.sum()) * self.ks  # one layer's rows, scaled to all requests
                 self.prompt_rows_own += float(cpu.sum())  # the sampled requests' own (the prefill shares it out)
@@ -311,6 +332,7 @@ class PolicyRunner:
         keep = [(r, int(c)) for r, c in zip(rids, counts) if r in self.sampled and c > 0]
         if not keep:
             return
+        self._split()
         ids = [r for r, _ in keep]
         cnt = np.array([c for _, c in keep], dtype=np.int64)
         ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
@@ -328,6 +350,7 @@ class PolicyRunner:
     def release(self, rid: int):
         if self.sampled.pop(rid, None) is None:
             return
+        self._split()
         self.sampled_per_space[self.space_of.pop(rid)] -= 1
         for g, cache in self.caches.items():
             cache.free(rid)
@@ -341,36 +364,48 @@ class PolicyRunner:
                  rid_ranks) -> dict[int, dict]:
         """Access every simulated group with the simulated requests' selections; returns ratios per group.
         `rids` are all running requests in admission order, `spaces`/`rid_ranks` theirs (for a pilot's re-admission)."""
-        sel_idx = [i for i, r in enumerate(rids) if r in self.sampled]
+        sampled = self.sampled
+        sel_idx = [i for i, r in enumerate(rids) if r in sampled]
         if not sel_idx:
             return self.last
-        sids = [rids[i] for i in sel_idx]
-        s_hist = hist[sel_idx]
-        s_steps = steps[sel_idx]
-        ranks = np.array([self.sampled[r] for r in sids], dtype=np.int64)
+        self._split()
+        if len(sel_idx) == len(rids):  # every running request is simulated (batch 1, full fidelity)
+            sids, s_hist, s_steps = rids, hist, steps
+        else:
+            sids = [rids[i] for i in sel_idx]
+            s_hist = hist[sel_idx]
+            s_steps = steps[sel_idx]
         num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
-        ref_rank = np.zeros(num_ranks)
         per_req_refs = q * np.minimum(s_hist, self.cfg.model.top_k).astype(float)
         if self.system.tp:
-            ref_rank[:] = per_req_refs.sum()
-        else:
-            np.add.at(ref_rank, ranks, per_req_refs)
+            ref_rank = np.full(num_ranks, per_req_refs.sum())
+        else:  # in admission order, as one add per request
+            ranks = np.array([sampled[r] for r in sids], dtype=np.int64)
+            ref_rank = np.bincount(ranks, weights=per_req_refs, minlength=num_ranks)
+        idle = ref_rank <= 0
+        per_rank = (np.maximum(ref_rank, 1.0), idle, bool(idle.any()))  # what _ratios divides by, once per step
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         out = {}
+        chunk = self.query_chunk
+        pilot = self.pilot_left > 0
         for g, sel in self._selections(np.asarray(sids, dtype=np.int64), s_hist, s_steps, q):
             addrs = self.tables[g].lookup(sids, sel)
-            totals = None
-            for lo in range(0, q, self.query_chunk):  # HiSparse: verify tokens in chunks its buffer can hold
-                part = self._access(self.caches[g], addrs[:, lo:lo + self.query_chunk], num_ranks)
-                totals = part if totals is None else {k: totals[k] + part[k] for k in part}
-            totals["passes"] /= math.ceil(q / self.query_chunk)  # sub-batches per chunk (1 = the batch fit at once)
+            if q <= chunk:  # the whole step's verify tokens in one access batch
+                totals = self._access(self.caches[g], addrs, num_ranks)
+            else:
+                totals = None
+                for lo in range(0, q, chunk):  # HiSparse: verify tokens in chunks its buffer can hold
+                    part = self._access(self.caches[g], addrs[:, lo:lo + chunk], num_ranks)
+                    totals = part if totals is None else {k: totals[k] + part[k] for k in part}
+                totals["passes"] /= math.ceil(q / chunk)  # sub-batches per chunk (1 = the batch fit at once)
             prompt = self.prompt_cpu_rows.pop(g, None)
             if prompt is not None:
                 totals["d2h"] = np.maximum(totals["d2h"] - np.resize(prompt.astype(float), num_ranks), 0.0)
-            out[g] = self._ratios(totals, ref_rank)
-            acc = self.group_totals.setdefault(g, np.zeros(3))
-            acc += (totals["hits"], totals["unique"], totals["refs"])
+            out[g] = self._ratios(totals, per_rank)
+            if pilot:  # the pilot's stratification reads the groups' totals; nothing else does
+                acc = self.group_totals.setdefault(g, np.zeros(3))
+                acc += (totals["hits"], totals["unique"], totals["refs"])
             self.policy_calls += 1
         self.last = out
         if self.pilot_left:
@@ -420,7 +455,7 @@ class PolicyRunner:
         self.ks = self._stride(self.k)
         self.caches, self.tables = {}, None  # the pilot's caches go before the new ones are built
         release_memory()
-        self.caches = {g: self.make_cache(g, self.k) for g in self.groups}
+        self.caches = self._build_caches()
         self.tables = self._tables()
         self.sampled, self.sampled_per_space, self.space_of = {}, {}, {}
         self.prompt_cpu_rows = {}
@@ -435,6 +470,7 @@ class PolicyRunner:
         """Replay the pilot's steps (the requests sampled now that ran then) on the rebuilt caches, uncounted."""
         num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
         splits = self.capacity_splits
+        self._split()
         for rids, hist, steps, q in self.pilot_log:
             idx = [i for i, r in enumerate(rids) if r in self.sampled]
             if not idx:
@@ -449,11 +485,9 @@ class PolicyRunner:
         self.prompt_cpu_rows = {}  # the placement's D2H went to the warm-up's plans
 
     def _access(self, cache, addrs: np.ndarray, num_ranks: int) -> dict:
-        from ulacache import CapacityError
-
         try:
             plan = cache.access(addrs)
-        except CapacityError:
+        except _capacity_error():
             if addrs.shape[0] <= 1:
                 raise
             self.capacity_splits += 1  # the working set does not fit at once: serve the batch in two halves
@@ -472,11 +506,11 @@ class PolicyRunner:
             "peer": _per_rank(plan.peer_rows_per_rank, num_ranks),
         }
 
-    def _ratios(self, t: dict, ref_rank: np.ndarray) -> dict:
+    def _ratios(self, t: dict, per_rank: tuple) -> dict:
+        """Per-reference ratios of one group's totals; `per_rank` = (max(ref_rank, 1), ranks without simulated
+        references, whether there are any), the step's (run_step)."""
+        total_ref_rank, idle, any_idle = per_rank
         refs = max(t["refs"], 1.0)
-        total_ref_rank = np.maximum(ref_rank, 1.0)
-        idle = ref_rank <= 0
-        any_idle = bool(idle.any())
         out = {k: t[k] / refs for k in ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches")}
         out["passes"] = t["passes"]  # sub-batches the access batch was served in (not per reference)
         for link in ("h2d", "d2h", "peer"):
@@ -486,3 +520,16 @@ class PolicyRunner:
                 ratio[idle] = rows.sum() / refs  # ranks without simulated requests: the global ratio
             out[link] = ratio
         return out
+
+
+def _capacity_error():
+    """ulacache.CapacityError (imported on first use: `import sim` does not load the library)."""
+    global _CAPACITY_ERROR
+    if _CAPACITY_ERROR is None:
+        from ulacache import CapacityError
+
+        _CAPACITY_ERROR = CapacityError
+    return _CAPACITY_ERROR
+
+
+_CAPACITY_ERROR = None

@@ -7,6 +7,7 @@ and `read` return the old, valid places, and allocation, free, write and another
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import numpy as np
@@ -70,22 +71,30 @@ class UlaCache:
             raise ValueError(f"cannot {what} while a plan is pending; commit it first")
 
     def _addresses(self, addrs, what: str, allow_padding: bool) -> np.ndarray:
-        a = _int_array(addrs, what).ravel()
-        if a.size:
-            lo, hi = int(a.min()), int(a.max())
-            floor = -1 if allow_padding else 0
-            if lo < floor:
-                raise ValueError(f"{what} holds {lo}: addresses are >= 0" + (" (-1 = padding)" if allow_padding else ""))
-            if hi >= self.space.size:
-                raise ValueError(f"{what} holds {hi}: beyond the address space of {self.space.size}")
-        return a
+        return self._address_range(addrs, what, allow_padding)[0]
 
-    def _storage_index(self, a: np.ndarray, what: str, allow_padding: bool) -> np.ndarray:
-        """Storage positions of in-range addresses (-1 padding kept); ValueError for one never handed out."""
+    def _address_range(self, addrs, what: str, allow_padding: bool) -> tuple[np.ndarray, int, int]:
+        """(flat int64 addresses, their min, their max; 0, -1 when empty), every one in range (-1 padding allowed)."""
+        a = _int_array(addrs, what).ravel()
+        if not a.size:
+            return a, 0, -1
+        lo, hi = int(a.min()), int(a.max())
+        floor = -1 if allow_padding else 0
+        if lo < floor:
+            raise ValueError(f"{what} holds {lo}: addresses are >= 0" + (" (-1 = padding)" if allow_padding else ""))
+        if hi >= self.space.size:
+            raise ValueError(f"{what} holds {hi}: beyond the address space of {self.space.size}")
+        return a, lo, hi
+
+    def _storage_index(self, a: np.ndarray, what: str, allow_padding: bool, hi: int | None = None) -> np.ndarray:
+        """Storage positions of in-range addresses (-1 padding kept); ValueError for one never handed out. `hi`:
+        max(a) when the caller has it."""
         rows = self.space.rows
         if rows.identity:
-            if a.size and int(a.max()) >= self.space.table.size:
-                raise ValueError(f"{what} holds unallocated address {int(a.max())}")
+            if a.size:
+                hi = int(a.max()) if hi is None else hi
+                if hi >= self.space.table.size:
+                    raise ValueError(f"{what} holds unallocated address {hi}")
             return a
         shift, end = self._row_tables(rows)
         home = a // rows.stride  # -1 padding: home -1, the tables' last entry (shift 0: stays -1; end 0: valid)
@@ -121,6 +130,13 @@ class UlaCache:
         if not 0 <= r < self.config.num_ranks:
             raise ValueError(f"{what} {r} out of range: num_ranks is {self.config.num_ranks}")
         return r
+
+    def clone(self) -> UlaCache:
+        """An independent cache in this one's exact state (allocations, mapping, recency, statistics): what the same
+        calls would have built, for the cost of a copy (a simulator replicating one state over many caches).
+        Refused while a plan is pending."""
+        self._idle("clone")
+        return copy.deepcopy(self, {id(self.be): self.be})  # the backend is stateless and shared
 
     # -- allocation ----------------------------------------------------------------------------------------------------
     def alloc(self, request_id: int, num_tokens: int, rank: int = 0) -> np.ndarray:
@@ -175,13 +191,13 @@ class UlaCache:
             raise ValueError(
                 f"replay the last plan for all {self.config.payload_layers} payload layers before the next access"
             )
-        flat = self._addresses(selected, "selected", allow_padding=True)
+        flat, lo, hi = self._address_range(selected, "selected", allow_padding=True)
         if rank is not None:
             if self.tp:
                 raise ValueError("rank must be None in TP mode: every rank executes the batch")
             rank = self._rank(rank)
         be, space = self.be, self.space
-        ix = self._storage_index(flat, "selected", allow_padding=True)
+        ix = self._storage_index(flat, "selected", allow_padding=True, hi=hi)
         uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
         space.scratch = be.to_numpy(scratch)
         uix = be.to_numpy(uix)
@@ -192,7 +208,7 @@ class UlaCache:
             homes = self.space.home(uniq[[0, -1]])
             if homes[0] != rank or homes[1] != rank:
                 raise ValueError(f"selected holds addresses of another rank than {rank}")
-        num_refs = int(flat.size - np.count_nonzero(flat == -1))
+        num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
         plan = Plan(version=self._version, now=self.policy.step + 1, addrs=uniq, num_refs=num_refs,
                     num_unique=int(uniq.size))
         if self.buffers is not None:
@@ -273,10 +289,11 @@ class UlaCache:
 
     def _count_transfers(self, plan: Plan) -> None:
         s, rb = self._stats, self._row_bytes
-        for link in ("h2d", "d2h", "peer"):
-            rows = getattr(plan, f"{link}_rows")
-            s[f"{link}_rows"] += rows
-            s[f"{link}_bytes"] += rows * rb
+        for key, per_rank in (("h2d", plan.h2d_rows_per_rank), ("d2h", plan.d2h_rows_per_rank),
+                              ("peer", plan.peer_rows_per_rank)):
+            rows = int(per_rank.sum())  # Plan.<link>_rows
+            s[key + "_rows"] += rows
+            s[key + "_bytes"] += rows * rb
 
     # -- queries -------------------------------------------------------------------------------------------------------
     def locate(self, addrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,6 +7,15 @@ from typing import Any
 import numpy as np
 
 
+def _empty() -> np.ndarray:
+    """The shared read-only int64[0] a field holds until the policy sets it (no allocation per plan)."""
+    return _EMPTY
+
+
+_EMPTY = np.zeros(0, np.int64)
+_EMPTY.setflags(write=False)
+
+
 @dataclass
 class Plan:
     """Counts are per whole plan (unique references, rows = token rows of one layer); per-rank arrays are
@@ -24,12 +33,12 @@ class Plan:
     num_exchanges: int = 0
     num_local_hits: int = 0
     num_peer_fetches: int = 0
-    h2d_rows_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    d2h_rows_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    peer_rows_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    h2d_rows_per_rank: np.ndarray = field(default_factory=_empty)
+    d2h_rows_per_rank: np.ndarray = field(default_factory=_empty)
+    peer_rows_per_rank: np.ndarray = field(default_factory=_empty)
     # Row moves over unified places (GPU, CPU, TP local-buffer places); every source is read before any write.
-    move_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    move_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    move_src: np.ndarray = field(default_factory=_empty)
+    move_dst: np.ndarray = field(default_factory=_empty)
     policy_state: Any = None  # private: what the policy applies at commit (executors read `exchanges`)
     buffer_state: Any = None  # private: what the TP local buffers apply at commit
     committed: bool = False
