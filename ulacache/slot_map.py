@@ -73,40 +73,42 @@ class DenseSlotMaps:
         out -= 1
         return out
 
+    @property
+    def _flat(self) -> np.ndarray:
+        """The table as one flat array: (address storage position) * R + rank (a 1-D index: ~2x faster scatters
+        than a 2-D one)."""
+        return self._rows.view(self._dt["s"].base)
+
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
         """Every rank's look-up of the ascending batch `addrs` (storage positions `ix`) but its own homes
         (addrs[bounds[r]:bounds[r + 1]]): (hit slots, hits per rank, miss indices into addrs, misses per rank), both
-        grouped by rank, ascending address within a rank. All ranks at once: one gather, two scans."""
+        grouped by rank, ascending address within a rank. All ranks at once: one gather, made rank-major once."""
         R, U = self.R, ix.size
-        b = self.table.take(ix, axis=0)  # (U, R) slot + 1
+        b = np.ascontiguousarray(self.table.take(ix, axis=0).T)  # (R, U) slot + 1
         for r in range(R):  # loop over ranks: blank the own homes (one slice each)
-            b[bounds[r]:bounds[r + 1], r] = 0
-        held = np.not_equal(b.T, 0)  # (R, U): rank-major from here
-        hf = np.flatnonzero(held)
-        np.logical_not(held, out=held)
-        zf = np.flatnonzero(held)
-        row_at = np.arange(R + 1, dtype=np.int64) * U
-        hb = np.searchsorted(hf, row_at)
-        slots = b.T.reshape(-1).take(hf).astype(np.int64)
+            b[r, bounds[r]:bounds[r + 1]] = 0
+        held = np.not_equal(b, 0)
+        slots = b.reshape(-1).take(np.flatnonzero(held)).astype(np.int64)
         slots -= 1
-        # zeros of row r: misses, and the blanked homes [bounds[r], bounds[r + 1]) (one run of them): cut it out
-        home = np.searchsorted(zf, np.stack([row_at[:-1] + bounds[:-1], row_at[:-1] + bounds[1:]]).ravel())
-        zb = np.searchsorted(zf, row_at).tolist()
-        lo, hi = home[:R].tolist(), home[R:].tolist()
-        keep = np.ones(zf.size, dtype=bool)
-        for r in range(R):  # loop over ranks
-            keep[lo[r]:hi[r]] = False
-        miss = zf[keep]
-        m_counts = np.diff(zb) - (np.array(hi) - np.array(lo))
-        miss -= np.repeat(row_at[:-1], m_counts)
-        return slots, np.diff(hb), miss, m_counts
+        h_counts = np.count_nonzero(held, axis=1)
+        np.logical_not(held, out=held)
+        for r in range(R):  # loop over ranks: the own homes are neither hits nor misses
+            held[r, bounds[r]:bounds[r + 1]] = False
+        miss = np.flatnonzero(held)
+        m_counts = np.count_nonzero(held, axis=1)
+        miss -= np.repeat(np.arange(R, dtype=np.int64) * U, m_counts)
+        return slots, h_counts, miss, m_counts
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
-        self.table[self.space.index(addrs) if ix is None else ix, ranks] = slots + 1
+        at = np.multiply(self.space.index(addrs) if ix is None else ix, self.R, dtype=np.int64)
+        at += ranks
+        self._flat[at] = slots + 1
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
-        self.table[self.space.index(addrs), ranks] = 0
+        at = np.multiply(self.space.index(addrs), self.R, dtype=np.int64)
+        at += ranks
+        self._flat[at] = 0
 
     def items(self, r: int, layout: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Rank r's (addresses ascending, slots); `layout`: the address layout the table has, if not the space's
