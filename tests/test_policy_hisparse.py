@@ -120,19 +120,21 @@ def test_hisparse_alloc_many_new_requests_get_their_own_buffers():
     c.check_invariants()
 
 
-def test_request_table_widens_past_int16_request_indices():
-    """The address -> request table starts narrow and widens when request indices outgrow it (same answers)."""
-    import numpy as np
-
-    from ulacache import CacheConfig, UlaCache
-
-    c = UlaCache(CacheConfig(mode="dp", num_ranks=1, gpu_slots=4097 * 2, cpu_slots=100_000, policy="hisparse"))
-    for rid in range(33_000):  # request indices past 32,767: each request allocated then freed
-        c.alloc(rid, 1)
-        if rid < 32_999:
-            c.free(rid)
-    assert c.space.req_of.dtype == np.int32
-    a = c.request_addresses(32_999)
-    plan = c.access(a)
-    c.commit(plan)
+def test_key_table_widens_past_int32_keys():
+    """The address key table (request index << SH | slot + 1) starts int32 and widens to int64 once a request index
+    no longer fits (same answers after)."""
+    D = 2**16  # SH = 17 bits of slot: request indices from 16,383 on need int64 keys
+    c = UlaCache(CacheConfig(mode="dp", num_ranks=1, gpu_slots=(D + 1) * 2, cpu_slots=3 * D, device_buffer_slots=D,
+                             policy="hisparse"))
+    first = c.alloc(1, D + 6)
+    for rid in range(2, 16_400):  # a refused allocation still uses up a request index
+        with pytest.raises(CapacityError):
+            c.alloc(rid, 3 * D)
+    assert c.policy.key_of.dtype == np.int32
+    last = c.alloc(16_400, D + 6)
+    assert c.policy.key_of.dtype == np.int64
+    for a in (first, last):  # the first D tokens resident (filled in order), the newest too, the rest not
+        plan = c.access(a[[0, D - 1, D, D + 5]])
+        assert (plan.num_hits, plan.num_misses) == (3, 1)
+        c.commit(plan)
     c.check_invariants()

@@ -13,7 +13,9 @@ In TP mode SGLang replicates the history and the buffers on every rank: the cach
 every rank's (identical) transfers in the per-rank arrays.
 
 Storage follows what is in use: LRU orders and device-buffer owners exist only for regions handed out (regions come
-lowest first; RankRows rows per rank, grown x2), residency only for allocated addresses.
+lowest first; RankRows rows per rank, grown x2), residency only for allocated addresses. Each allocated address has
+one key, `(request index << SH) | (slot + 1)` (low bits 0: no copy), so one gather of the batch gives both its
+requests and its slots, and a batch of one request (batch size 1) is told by the key range alone.
 """
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ class _HsState:
     miss_cell: np.ndarray  # its cell in the flat buffer-owner table
     miss_slots: np.ndarray  # its GPU place
     victims: np.ndarray  # address whose copy each miss replaces (-1 none)
+    victim_ix: np.ndarray  # its storage position (-1 none)
+    miss_key: np.ndarray  # each miss's key once resident
+    victim_key: object  # each victim's key once dropped (its request, no slot): array by miss, or one int
+
+
+_NO_MOVES = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # alloc_moves when no bytes move (read-only use)
 
 
 class HiSparsePolicy:
@@ -55,18 +63,23 @@ class HiSparsePolicy:
         self.num_gpu_places = R * self.seg
         self.cpu = CpuPools(R, cfg.cpu_slots, base=self.num_gpu_places)
         self.num_places = self.num_gpu_places + self.cpu.num_places
-        self.space = AddressSpace(R, cfg.cpu_slots, self.num_places, track_requests=True)
+        self.space = AddressSpace(R, cfg.cpu_slots, self.num_places)
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
         self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=1)  # region -> storage row
         # By region storage row: the LRU order of the D buffer slots (least recent first), the address held in each
-        # of the D + 1 slots (-1 none; slot D = the newest token) and the GPU place of slot 0.
+        # of the D + 1 slots (-1 none; slot D = the newest token), that address's storage position (re-laid with the
+        # address tables) and the GPU place of slot 0.
         slot_dtype = np.int16 if D < 2**15 - 1 else np.int32
         self.lru = np.zeros((0, D), dtype=slot_dtype)
         self.gowner = np.zeros((0, D + 1), dtype=id_dtype(self.space.size))
+        self.gix = np.zeros((0, D + 1), dtype=id_dtype(self.space.size))
         self.row_base = np.zeros(0, dtype=np.int64)
-        # by address storage: slot of a resident copy within its request's region (0..D), -1 none
-        self.slot_of = np.zeros(0, dtype=slot_dtype)
-        self._uslot = np.dtype(f"u{self.slot_of.itemsize}")  # unsigned view: one compare tests 0 <= slot < D
+        # by address storage: key = (request index << SH) | (slot of its copy within the region + 1, 0 none), -1
+        # unallocated; int32 until a request index needs more (widened then, once)
+        self.SH = int(D + 1).bit_length()
+        self.MASK = (1 << self.SH) - 1
+        self.key_of = np.zeros(0, dtype=np.int32)
+        self._kmax = np.iinfo(np.int32).max - self.MASK  # the largest request key key_of holds
         self.space.listeners.append(self._grow_space)
         # by request index: region, its storage row, that row again while the LRU order is live (history > D + 1,
         # else -1: the fast path), history length, newest token
@@ -81,7 +94,9 @@ class HiSparsePolicy:
         self.alloc_moves = None  # (src, dst) GPU places whose bytes the last alloc moved (newest -> LRU slot)
 
     def _grow_space(self, old: int) -> None:
-        self.slot_of = self.space.rows.relayout(self.slot_of, old, -1)
+        self.key_of = self.space.rows.relayout(self.key_of, old, -1)
+        held = self.gowner >= 0
+        self.gix[held] = self.space.index(self.gowner[held].astype(np.int64))
 
     def _grow_regions(self, region: int) -> None:
         """Storage rows up to a newly claimed region (LRU orders, owners, bases); live requests' rows re-mapped."""
@@ -92,6 +107,7 @@ class HiSparsePolicy:
         self.lru = self.regrows.relayout(self.lru, old, 0)
         self.lru.reshape(self.R, self.regrows.cap, self.D)[:, old:] = np.arange(self.D, dtype=self.lru.dtype)
         self.gowner = self.regrows.relayout(self.gowner, old, -1)
+        self.gix = self.regrows.relayout(self.gix, old, -1)
         self.row_base = self.region_base(self.regrows.ids(np.arange(self.lru.shape[0], dtype=np.int64)))
         live = np.flatnonzero(self.region_of >= 0)
         self.row_of[live] = self.regrows.index(self.region_of[live])
@@ -99,10 +115,18 @@ class HiSparsePolicy:
 
     def resident_places(self, addrs: np.ndarray) -> np.ndarray:
         """GPU place of each allocated address's device-buffer copy, -1 where it has none."""
-        ix = self.space.index(addrs)
-        local = self.slot_of[ix].astype(np.int64)
-        base = self.row_base[self.row_of[self.space.req_of[ix]]]
-        return np.where(local >= 0, base + local, -1)
+        key = self.key_of[self.space.index(addrs)].astype(np.int64)
+        s1 = key & self.MASK
+        base = self.row_base[self.row_of[key >> self.SH]]
+        return np.where(s1 > 0, base + s1 - 1, -1)
+
+    def _qkey(self, q: int) -> int:
+        """Key of request index q with no slot; widens the key table first when q needs it."""
+        k = q << self.SH
+        if k > self._kmax:
+            self.key_of = self.key_of.astype(np.int64)
+            self._kmax = np.iinfo(np.int64).max - self.MASK
+        return k
 
     def region_base(self, regions: np.ndarray) -> np.ndarray:
         rank = regions // self.regions_per_rank
@@ -143,9 +167,11 @@ class HiSparsePolicy:
     def alloc_many(self, request_ids, counts, ranks, tp):
         """Per-token work: the ids and CPU places popped and recorded; the buffer layout touches <= D + 1 tokens per
         request and one rank's free lists only when it allocates."""
-        space, D = self.space, self.D
+        space = self.space
         rk = [0] * len(request_ids) if self.tp else ranks.tolist()
         cnt = counts.tolist()
+        if len(cnt) == 1:  # one request (batch size 1): scalars throughout
+            return self._alloc_one(request_ids[0], cnt[0], rk[0])
         reqs = [space.request(rid, r) for rid, r in zip(request_ids, rk)]
         new = [rid not in space.requests for rid in request_ids]
         need_cpu, need_reg = np.zeros(self.R, dtype=np.int64), {}
@@ -153,11 +179,7 @@ class HiSparsePolicy:
             need_cpu[r] += c
             need_reg[r] = need_reg.get(r, 0) + nw
         for r in sorted(set(rk)):  # loop over the ranks allocating: all checks before any change
-            if need_reg[r] > len(self.regions[r]):
-                raise CapacityError(f"no free hisparse device buffer on rank {r} for {need_reg[r]} new requests")
-            free = len(self.cpu.free[r])
-            if need_cpu[r] > free:
-                raise CapacityError(f"cannot allocate {int(need_cpu[r])} tokens on rank {r}: {free} CPU slots free")
+            self._check_room(r, need_reg[r], int(need_cpu[r]))
         addrs, places = self._pop(rk, cnt, need_cpu)
         offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
         for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
@@ -167,10 +189,56 @@ class HiSparsePolicy:
         for i in (i for i, nw in enumerate(new) if nw):  # loop over new requests: claim a device buffer
             self._claim(qix[i], rk[i])
         has = [i for i, c in enumerate(cnt) if c > 0]
-        self.alloc_moves = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self.alloc_moves = _NO_MOVES
         if has:
             self._place_new(np.array([qix[i] for i in has], dtype=np.int64), counts.take(has),
                             np.array([offsets[i] for i in has], dtype=np.int64), addrs)
+        return addrs
+
+    def _check_room(self, r: int, new_requests: int, tokens: int) -> None:
+        if new_requests > len(self.regions[r]):
+            raise CapacityError(f"no free hisparse device buffer on rank {r} for {new_requests} new requests")
+        free = len(self.cpu.free[r])
+        if tokens > free:
+            raise CapacityError(f"cannot allocate {tokens} tokens on rank {r}: {free} CPU slots free")
+
+    def _alloc_one(self, rid: int, c: int, r: int) -> np.ndarray:
+        """alloc_many of one request: c tokens on rank r (what alloc_many does, without per-request arrays)."""
+        space = self.space
+        req = space.request(rid, r)
+        new = rid not in space.requests
+        self._check_room(r, int(new), c)
+        if c:
+            addrs = space.pop_ids(r, c)
+            space.set_places(addrs, self.cpu.free[r].pop(c))
+            self.pending_d2h[r] += c  # prefill backed up whole, each decode token once
+        else:
+            addrs = np.zeros(0, np.int64)
+        space.register(rid, req, addrs)
+        q = req.index
+        self._grow(q + 1)
+        if new:
+            self._claim(q, r)
+        self.alloc_moves = _NO_MOVES
+        if not c:
+            return addrs
+        D, qk = self.D, self._qkey(q)
+        aix = space.index(addrs)
+        old_len, row, old_newest = int(self.hist_len[q]), int(self.row_of[q]), int(self.newest[q])
+        if c > 1:
+            self.key_of[aix] = qk  # new tokens hold no copy (but those the fill or the newest slot gives one)
+        if old_len > D:  # history past its buffer (decode): the previous newest just drops out
+            self.key_of[self.gix[row, D]] = qk
+            self.lrow_of[q] = row
+        else:
+            one = np.array([q], dtype=np.int64)
+            self._fill_buffers(one, np.array([c]), np.zeros(1, np.int64), addrs, np.array([old_len]), np.array([row]),
+                               np.array([old_newest]), np.array([qk], dtype=np.int64))
+            self.lrow_of[q] = row if old_len + c > D + 1 else -1
+        self.key_of[aix[-1]] = qk + D + 1
+        self.gowner[row, D], self.gix[row, D] = addrs[-1], aix[-1]
+        self.newest[q] = addrs[-1]
+        self.hist_len[q] = old_len + c
         return addrs
 
     def _pop(self, rk: list, cnt: list, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -207,30 +275,34 @@ class HiSparsePolicy:
         row = int(self.regrows.index(np.array([region]))[0])
         self.region_of[q], self.row_of[q], self.lrow_of[q] = region, row, -1
         self.lru[row] = np.arange(self.D, dtype=self.lru.dtype)
-        self.gowner[row] = -1
+        self.gowner[row] = self.gix[row] = -1
 
     def _place_new(self, q: np.ndarray, cnt: np.ndarray, first: np.ndarray, addrs: np.ndarray) -> None:
         """Residency (the fast-path layout): the previous newest token and every new token but the last take LRU
         slot `position` while position < D; the last new token takes the newest-token slot D."""
-        D, ix, own = self.D, self.space.index, self.gowner.reshape(-1)
+        D, ix = self.D, self.space.index
+        self._qkey(int(q.max()))  # the key table widened for the largest request index
+        qk = q << self.SH
         old_len, rows, old_newest = self.hist_len[q], self.row_of[q], self.newest[q]
         new_len = old_len + cnt
         last = addrs[first + cnt - 1]
+        self.key_of[ix(addrs)] = np.repeat(qk, cnt)  # new tokens hold no copy (but as placed below)
         if int(old_len.min()) > D:  # every history is past its buffer (decode): the previous newest just drops out
-            self.slot_of[ix(old_newest)] = -1
+            self.key_of[ix(old_newest)] = qk
             self.lrow_of[q] = rows
         else:
-            self._fill_buffers(q, cnt, first, addrs, old_len, rows, old_newest)
+            self._fill_buffers(q, cnt, first, addrs, old_len, rows, old_newest, qk)
             self.lrow_of[q] = np.where(new_len > D + 1, rows, -1)
-        self.slot_of[ix(last)] = D
-        own[rows * (D + 1) + D] = last
+        last_ix = ix(last)
+        self.key_of[last_ix] = qk + D + 1
+        self._hold(rows * (D + 1) + D, last, last_ix)
         self.newest[q] = last
         self.hist_len[q] = new_len
 
-    def _fill_buffers(self, q, cnt, first, addrs, old_len, rows, old_newest) -> None:
+    def _fill_buffers(self, q, cnt, first, addrs, old_len, rows, old_newest, qk) -> None:
         """Histories still filling their buffer: the previous newest moves to LRU slot old_len - 1 (< D, its bytes
         move inside HBM) or drops out; new tokens but the last take LRU slots old_len.. while below D."""
-        D, ix, own = self.D, self.space.index, self.gowner.reshape(-1)
+        D, ix = self.D, self.space.index
         prev = np.flatnonzero(old_len > 0)
         if prev.size:
             p_addr, p_slot = old_newest[prev], old_len[prev] - 1
@@ -238,48 +310,58 @@ class HiSparsePolicy:
             if keep.size:
                 k_addr, k_slot, k_row = p_addr[keep], p_slot[keep], rows[prev[keep]]
                 self.alloc_moves = (self.resident_places(k_addr), self.row_base[k_row] + k_slot)
-                own[k_row * (D + 1) + k_slot] = k_addr
-            self.slot_of[ix(p_addr)] = np.where(p_slot < D, p_slot, -1)
+                self._hold(k_row * (D + 1) + k_slot, k_addr, ix(k_addr))
+            self.key_of[ix(p_addr)] = qk[prev] + np.where(p_slot < D, p_slot + 1, 0)
         fill = np.minimum(old_len + cnt - 1, D) - old_len  # new tokens (not the last) that take LRU slots
         if (fill > 0).any():
             fill = np.maximum(fill, 0)
             rep = np.repeat(np.arange(q.size), fill)
             j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
             t_addr, t_slot = addrs[first[rep] + j], old_len[rep] + j
-            self.slot_of[ix(t_addr)] = t_slot
-            own[rows[rep] * (D + 1) + t_slot] = t_addr
+            t_ix = ix(t_addr)
+            self.key_of[t_ix] = qk[rep] + t_slot + 1
+            self._hold(rows[rep] * (D + 1) + t_slot, t_addr, t_ix)
+
+    def _hold(self, cells: np.ndarray, addrs: np.ndarray, ix: np.ndarray) -> None:
+        """Buffer cells (row * (D + 1) + slot) now hold these addresses (storage positions ix)."""
+        self.gowner.reshape(-1)[cells] = addrs
+        self.gix.reshape(-1)[cells] = ix
 
     # -- access --------------------------------------------------------------------------------------------------------
     def access(self, plan: Plan, places: np.ndarray) -> None:
         """Hits, misses and each touched request's new LRU order. Work: the batch, plus D per request whose order
         changes (its order is rebuilt whole, a few vectorized passes over all such requests at once)."""
-        be, D, space = self.be, self.D, self.space
+        be, space = self.be, self.space
         uniq = plan.addrs
         uix = space.index(uniq)
-        local = be.to_numpy(be.gather(be.asarray(self.slot_of), be.asarray(uix)))  # slot in the region, -1 none
-        req = space.req_of.take(uix)
+        key = be.to_numpy(be.gather(be.asarray(self.key_of), be.asarray(uix)))  # request << SH | slot + 1
+        if uniq.size:
+            q = int(key.min()) >> self.SH
+            if q == int(key.max()) >> self.SH:  # one request's tokens (batch size 1)
+                return self._access_one(plan, places, uix, key, q)
+        req = key >> self.SH
+        local = (key & self.MASK) - 1  # slot in the region, -1 none
+        self._access_many(plan, places, uix, key, req, local)
+
+    def _access_many(self, plan, places, uix, key, req, local) -> None:
+        D, uniq = self.D, plan.addrs
         lrow = self.lrow_of.take(req)  # -1: fast path (no LRU update)
         miss_idx = np.flatnonzero(local < 0)
         plan.num_hits, plan.num_misses = int(uniq.size - miss_idx.size), int(miss_idx.size)
-        hit_idx = np.flatnonzero((local.view(self._uslot) < D) & (lrow >= 0))  # LRU hits (not the newest token)
+        hit_idx = np.flatnonzero((local.view(f"u{local.itemsize}") < D) & (lrow >= 0))  # LRU hits (not the newest)
         hit_row, miss_row = lrow.take(hit_idx), self.row_of.take(req.take(miss_idx))
         nrows = self.lru.shape[0]
         m = np.bincount(miss_row, minlength=nrows)
         mh = m + np.bincount(hit_row, minlength=nrows)  # per LRU row: distinct non-newest tokens selected
         rows = np.flatnonzero(mh)  # the orders that change
-        z = np.zeros(0, np.int64)
-        st = _HsState(rows, z, uniq[:0], z, z, z, z, z)
+        st = self._empty_state(rows, uniq)
         move_src = places[:0]
         if rows.size:
             if int(mh.max()) > D:
-                bad = int(np.flatnonzero(mh > D)[0])
-                raise CapacityError(
-                    f"a hisparse request selects {int(mh[bad])} distinct non-newest tokens in one batch; "
-                    f"its device buffer holds {D}"
-                )
+                self._too_many(int(mh[np.flatnonzero(mh > D)[0]]))
             mr = m.take(rows)
             hit_local = local.take(hit_idx)
-            if rows.size == 1:  # one request's order changes (batch size 1): no per-row bookkeeping
+            if rows.size == 1:  # one request's order changes: no per-row bookkeeping
                 perm, mrow = miss_idx, rows
                 hit_key = hit_local
             else:
@@ -291,11 +373,67 @@ class HiSparsePolicy:
             st.miss_addrs, st.miss_ix, move_src = uniq.take(perm), uix.take(perm), places.take(perm)
             st.miss_cell = mrow * (D + 1) + st.miss_local
             st.miss_slots = self.row_base.take(mrow) + st.miss_local
-            st.victims = self.gowner.reshape(-1).take(st.miss_cell)
+            st.victims, st.victim_ix = self.gowner.reshape(-1).take(st.miss_cell), self.gix.reshape(-1).take(st.miss_cell)
+            st.victim_key = key.take(perm)  # a miss's key has no slot: its request's; its victim is of that request
+            st.miss_key = st.victim_key + st.miss_local + 1
+        h2d = np.bincount(self.space.home(st.miss_addrs), minlength=self.R).astype(np.int64)
+        self._finish(plan, st, h2d, move_src)
+
+    def _access_one(self, plan, places, uix, key, q: int) -> None:
+        """`access` of a batch of one request's tokens: scalars for the request, one LRU row reordered."""
+        D, uniq = self.D, plan.addrs
+        row, lrow, qk = int(self.row_of[q]), int(self.lrow_of[q]), q << self.SH
+        s1 = key - qk  # slot in the region + 1 (0 none, D + 1 the newest token)
+        miss_idx = np.flatnonzero(s1 == 0)
+        m = miss_idx.size
+        plan.num_hits, plan.num_misses = int(uniq.size - m), m
+        h = 0
+        if lrow >= 0:  # the LRU order is live: hit slots flagged, by slot
+            flag = np.zeros(D + 2, dtype=bool)
+            flag[s1] = True
+            flag = flag[1:D + 1]
+            h = int(np.count_nonzero(flag))
+        if not m + h:
+            st = self._empty_state(np.zeros(0, np.int64), uniq)
+            return self._finish(plan, st, np.zeros(self.R, np.int64), places[:0])
+        if m + h > D:
+            self._too_many(m + h)
+        st = self._empty_state(np.array([row], dtype=np.int64), uniq)
+        order = self.lru[row]  # slots, least recent first
+        if h:
+            hit = flag.take(order)  # by LRU position
+            ev, hs = order.compress(~hit), order.compress(hit)  # evictable / hit slots, in LRU order
+        else:
+            ev, hs = order, order[:0]
+        st.new_order = np.concatenate((ev[m:], ev[:m][::-1], hs))
+        taken = st.new_order[D - h - m:D - h][::-1]  # the slots the misses take (a view of the new order)
+        st.miss_local = taken
+        st.miss_addrs, st.miss_ix, move_src = uniq.take(miss_idx), uix.take(miss_idx), places.take(miss_idx)
+        st.miss_cell = np.add(taken, row * (D + 1), dtype=np.int64)
+        st.miss_slots = np.add(taken, int(self.row_base[row]), dtype=np.int64)
+        st.victims, st.victim_ix = self.gowner[row].take(taken), self.gix[row].take(taken)
+        st.victim_key, st.miss_key = qk, np.add(taken, qk + 1, dtype=key.dtype)
+        h2d = np.zeros(self.R, np.int64)
+        if m:
+            h2d[int(self.space.home(uniq[0]))] = m  # a request's tokens share its home rank
+        self._finish(plan, st, h2d, move_src)
+
+    @staticmethod
+    def _empty_state(rows: np.ndarray, uniq: np.ndarray) -> _HsState:
+        z = np.zeros(0, np.int64)
+        return _HsState(rows, z, uniq[:0], z, z, z, z, z, z, z, 0)
+
+    def _too_many(self, n: int) -> None:
+        raise CapacityError(
+            f"a hisparse request selects {n} distinct non-newest tokens in one batch; its device buffer holds {self.D}"
+        )
+
+    def _finish(self, plan: Plan, st: _HsState, h2d: np.ndarray, move_src: np.ndarray) -> None:
+        """The plan's per-rank rows and moves (TP: every rank's identical replica)."""
         plan.num_exchanges = 0
-        h2d = np.bincount(space.home(st.miss_addrs), minlength=self.R).astype(np.int64)
         plan.h2d_rows_per_rank = self._per_rank(h2d) if self.tp else h2d
-        plan.d2h_rows_per_rank = self._per_rank(self.pending_d2h.copy()) if self.replicas > 1 else self.pending_d2h.copy()
+        d2h = self.pending_d2h.copy()
+        plan.d2h_rows_per_rank = self._per_rank(d2h) if self.replicas > 1 else d2h
         plan.move_src = move_src
         plan.move_dst = st.miss_slots
         plan.policy_state = st
@@ -314,7 +452,7 @@ class HiSparsePolicy:
         flag[hit_key] = True  # hit slots, by slot
         hit = flag.take((order + np.arange(0, K * D, D, dtype=it)[:, None]).reshape(-1))  # by LRU position
         order = order.reshape(-1)
-        ev, hs = order.take(np.flatnonzero(~hit)), order.take(np.flatnonzero(hit))  # evictable / hit slots, by row
+        ev, hs = order.compress(~hit), order.compress(hit)  # evictable / hit slots, by row
         parts, taken, a, b = [], [], 0, 0
         for mk, hk in zip(m.tolist(), h.tolist()):  # loop over the touched rows: slices only
             n = D - hk
@@ -326,12 +464,18 @@ class HiSparsePolicy:
     def commit(self, plan: Plan) -> None:
         st = plan.policy_state
         if st.rows.size:
-            self.lru[st.rows] = st.new_order.reshape(st.rows.size, self.D)
-            v = st.victims[st.victims >= 0]
+            if st.rows.size == 1:
+                self.lru[int(st.rows[0])] = st.new_order
+            else:
+                self.lru[st.rows] = st.new_order.reshape(st.rows.size, self.D)
+            v, vk = st.victim_ix, st.victim_key
+            if v.size and int(v.min()) < 0:  # empty slots taken: no copy dropped there
+                held = v >= 0
+                v, vk = v[held], (vk if isinstance(vk, int) else vk[held])
             if v.size:
-                self.slot_of[self.space.index(v)] = -1
-            self.slot_of[st.miss_ix] = st.miss_local
-            self.gowner.reshape(-1)[st.miss_cell] = st.miss_addrs
+                self.key_of[v] = vk  # the victims' copies dropped
+            self.key_of[st.miss_ix] = st.miss_key
+            self._hold(st.miss_cell, st.miss_addrs, st.miss_ix)
         self.pending_d2h[:] = 0
         self.step = plan.now
 
@@ -342,11 +486,8 @@ class HiSparsePolicy:
         addrs = req.addresses()
         q = req.index
         region, row = int(self.region_of[q]), int(self.row_of[q])
-        held = self.gowner[row]
-        held = held[held >= 0]  # the request's copies: the only addresses of it with a slot
-        if held.size:
-            self.slot_of[space.index(held)] = -1
-        self.gowner[row] = -1
+        self.key_of[space.index(addrs)] = -1
+        self.gowner[row] = self.gix[row] = -1
         self.lru[row] = np.arange(self.D, dtype=self.lru.dtype)
         self.regions[region // self.regions_per_rank].push(np.array([region], dtype=np.int64))
         self.region_of[q] = self.row_of[q] = self.lrow_of[q] = -1
@@ -366,14 +507,24 @@ class HiSparsePolicy:
         require((self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank")
         ccount = np.bincount(self.cpu.rank_of(places), minlength=self.R)
         require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
-        require((self.slot_of <= D).all(), "a copy sits outside its request's device buffer")
-        rix = np.flatnonzero(self.slot_of >= 0)
+        key = self.key_of.astype(np.int64)
+        require(int((key >= 0).sum()) == alloc.size and (key[space.index(alloc)] >= 0).all(),
+                "an address's key disagrees with its allocation")
+        for req in space.requests.values():  # loop over requests (a check)
+            own = key[space.index(req.addresses())] >> self.SH
+            require((own == req.index).all(), "an address's key names another request")
+        s1 = np.where(key >= 0, key & self.MASK, 0)
+        require((s1 <= D + 1).all(), "a copy sits outside its request's device buffer")
+        rix = np.flatnonzero(s1 > 0)
         res = space.rows.ids(rix)
         require((space.places(res) >= 0).all(), "a freed address is still resident")
-        row = self.row_of[space.req_of[rix]]
+        row = self.row_of[key[rix] >> self.SH]
         require((row >= 0).all(), "a copy of a request without a device buffer")
-        require((self.gowner[row, self.slot_of[rix]] == res).all(), "device buffer owner disagrees with residency")
+        require((self.gowner[row, s1[rix] - 1] == res).all(), "device buffer owner disagrees with residency")
         require(int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address")
+        held = self.gowner >= 0
+        require((self.gix[held] == space.index(self.gowner[held].astype(np.int64))).all() and (self.gix[~held] == -1).all(),
+                "a buffer cell's storage position is stale")
         used = np.flatnonzero(self.region_of >= 0)
         require(np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer")
         require((self.row_of[used] == self.regrows.index(self.region_of[used])).all(), "a buffer's storage row is stale")
