@@ -6,8 +6,12 @@ import numpy as np
 _SORT_DEDUP_RATIO = 16  # dedup sorts a batch this many times shorter than its marker (bench/dedup_crossover.py)
 _BIN_PASSES = 4  # lru_select counts the oldest stamps one pass each up to this many, then all at once
 _EMPTY = np.zeros(0, dtype=np.int64)
+_SLOT_IN_WORD = np.arange(64, dtype=np.int64)
+_TRIM_FACTOR = 4  # select_first reads every flag at once when they are at most this many times the slots asked
 _FEW_SLOTS = 64  # select_first takes at most this many slots one by one in Python (no per-call array passes)
-_FEW_WORDS = 256  # ... reading at most this many flagged words (stale flags past it: the vectorized search)
+_FEW_WORDS = 64  # ... reading at most this many summary words (more: the vectorized search)
+_FEW_BITS = 8  # bitmap writes of at most this many slots update byte by byte in Python
+_RUN_BITS = 4096  # writes of this many slots or more check for one contiguous range (whole bytes at once)
 _BIT = (np.uint8(1) << np.arange(8, dtype=np.uint8)).astype(np.uint8)
 
 
@@ -67,8 +71,10 @@ class NumpyBackend:
         return places.view(np.dtype(f"u{places.dtype.itemsize}")) < num_gpu_places
 
     def bucket_of(self, stamps, slots, now, num_recent):
-        age = now - stamps[slots]
-        return np.clip(age, 0, num_recent + 1).astype(np.int32)
+        age = stamps.take(slots)
+        np.subtract(now, age, out=age)
+        np.maximum(age, 0, out=age)  # two in-place bounds: np.clip costs ~30 us more per call
+        return np.minimum(age, num_recent + 1, out=np.empty(age.size, dtype=np.int32), casting="unsafe")
 
     def bitmap_set(self, bitmap, slots):
         return self._bitmap_write(bitmap, slots, True)
@@ -78,7 +84,19 @@ class NumpyBackend:
 
     @staticmethod
     def _bitmap_write(bitmap, slots, value):
-        if slots.size * 64 > bitmap.size * 8:
+        n = slots.size
+        if n <= _FEW_BITS:  # one Python update per slot (ufunc.at costs ~14 us per call)
+            for s in slots.tolist():
+                if value:
+                    bitmap[s >> 3] |= 1 << (s & 7)
+                else:
+                    bitmap[s >> 3] &= 255 ^ (1 << (s & 7))
+            return bitmap
+        lo = int(slots[0])
+        if n >= _RUN_BITS and int(slots[-1]) == lo + n - 1 and slots.min() == lo and slots.max() == lo + n - 1:
+            # n distinct slots spanning n values: the range lo .. lo + n - 1 (a bulk claim of free slots)
+            return NumpyBackend._bitmap_write_range(bitmap, lo, lo + n, value)
+        if n * 64 > bitmap.size * 8:
             # Many slots: unpack to one bool per slot, scatter, pack again (measured ~4x faster than ufunc.at).
             bits = np.unpackbits(bitmap, bitorder="little").view(bool)
             bits[slots] = value
@@ -87,6 +105,20 @@ class NumpyBackend:
             np.add.at(bitmap, slots >> 3, _BIT[slots & 7])
         else:
             np.subtract.at(bitmap, slots >> 3, _BIT[slots & 7])
+        return bitmap
+
+    @staticmethod
+    def _bitmap_write_range(bitmap, lo, hi, value):
+        """Set (clear) the bits of slots lo .. hi - 1 (hi - lo >= 16): partial bytes at both ends, whole bytes
+        in between."""
+        head, tail = -(-lo // 8), hi // 8  # whole bytes: head .. tail - 1
+        if lo & 7:
+            mask = 256 - (1 << (lo & 7))  # bits lo & 7 .. 7 of byte lo >> 3
+            bitmap[lo >> 3] = bitmap[lo >> 3] | mask if value else bitmap[lo >> 3] & (255 ^ mask)
+        bitmap[head:tail] = 255 if value else 0
+        if hi & 7:
+            mask = (1 << (hi & 7)) - 1  # bits 0 .. (hi & 7) - 1 of byte hi >> 3
+            bitmap[tail] = bitmap[tail] | mask if value else bitmap[tail] & (255 ^ mask)
         return bitmap
 
     def summary(self, bitmap):
@@ -112,77 +144,100 @@ class NumpyBackend:
         """select_first by array passes, each segment read only as far as its count needs: its first flags (summary
         bits) name its first candidate words; a flagged word holds >= 1 set bit unless stale (cleared since it was
         flagged), so the first counts[r] flags usually suffice, and a segment left short while it has unread flags
-        reads 4x more. Of the candidates, the words up to the one holding the counts[r]-th set bit are unpacked."""
+        reads 4x more (all flags at once when there are few more than the slots asked). Of the candidates, the words
+        up to the one holding the counts[r]-th set bit are unpacked (whole words without unpacking)."""
         nseg = counts.size
         want = np.maximum(counts, 0)
         nzf = flags.nonzero()[0]  # summary words holding flags, ascending
         if nzf.size == 0 or not want.any():
             return np.zeros(0, dtype=np.int64), np.minimum(counts, 0)
-        lo = np.arange(nseg, dtype=np.int64) * wps  # first word of each segment
-        first = nzf.searchsorted(lo >> 6)  # segment r's flag words: nzf[first[r]:end[r]]
-        end = nzf.searchsorted(((lo + wps - 1) >> 6) + 1)
-        fc = np.zeros(nzf.size + 1, dtype=np.int64)
-        np.cumsum(np.bitwise_count(flags.take(nzf)), out=fc[1:])  # flags in nzf[:i]
-        slack = 0 if wps & 63 == 0 else 63  # a segment's first flag word may hold up to 63 flags of the one before
-        need = want
-        while True:
-            stop = np.minimum(fc.searchsorted(fc.take(first) + need + slack), end)
-            stop[want == 0] = first[want == 0]
-            cw, cseg = NumpyBackend._flagged_words(flags, nzf, first, stop, lo, wps, slack, words.size)
-            pc = np.bitwise_count(words.take(cw))
-            csum = np.zeros(cw.size + 1, dtype=np.int64)
-            np.cumsum(pc, out=csum[1:])  # set bits in cw[:i]
-            b = cseg.searchsorted(np.arange(nseg + 1))  # segment r's candidates: cw[b[r]:b[r + 1]]
-            base = csum.take(b[:-1])
-            tot = csum.take(b[1:]) - base  # set bits in the candidates of each segment
-            short = (tot < want) & (stop < end)
-            if not short.any():
-                break
-            need = np.where(short, 4 * need, need)  # stale flags: read further (geometric, so O(flags read))
+        per = np.bitwise_count(flags.take(nzf))
+        if int(per.sum()) <= _TRIM_FACTOR * (int(want.sum()) + nseg):  # few flags: read them all
+            nw = min(words.size, nseg * wps)
+            p = np.unpackbits(flags.take(nzf).view(np.uint8), bitorder="little").nonzero()[0]
+            cw = nzf.take(p >> 6) * 64 + (p & 63)
+            if cw[-1] >= nw:  # flags past the segments (or the bitmap)
+                cw = cw[:cw.searchsorted(nw)]
+            cseg = cw // wps
+            pc, csum, base, tot = NumpyBackend._tally(words, cw, cseg, nseg)
+        else:
+            lo = np.arange(nseg, dtype=np.int64) * wps  # first word of each segment
+            first = nzf.searchsorted(lo >> 6)  # segment r's flag words: nzf[first[r]:end[r]]
+            end = nzf.searchsorted(((lo + wps - 1) >> 6) + 1)
+            fc = np.zeros(nzf.size + 1, dtype=np.int64)
+            np.cumsum(per, out=fc[1:])  # flags in nzf[:i]
+            slack = 0 if wps & 63 == 0 else 63  # a segment's first flag word may hold up to 63 of the one before
+            need = want
+            while True:
+                stop = np.minimum(fc.searchsorted(fc.take(first) + need + slack), end)
+                stop[want == 0] = first[want == 0]
+                cw, cseg = NumpyBackend._flagged_words(flags, nzf, first, stop, lo, wps, slack, words.size)
+                pc, csum, base, tot = NumpyBackend._tally(words, cw, cseg, nseg)
+                short = (tot < want) & (stop < end)
+                if not short.any():
+                    break
+                need = np.where(short, 4 * need, need)  # stale flags: read further (geometric: O(flags read))
         before = csum[:-1] - base.take(cseg)  # set bits before each candidate, within its segment
         use = (before < want.take(cseg)).nonzero()[0]  # candidates holding the bits to take
-        wu = cw.take(use)
+        wu, found = cw.take(use), np.minimum(counts, tot)
+        if (pc.take(use) == 64).all():  # whole words (free regions): their slots without unpacking
+            slots = np.add.outer(wu * 64, _SLOT_IN_WORD)
+            if slots.size != int(np.maximum(found, 0).sum()):  # a segment's last word holds more than it needs
+                keep = np.add.outer(before.take(use), _SLOT_IN_WORD) < want.take(cseg.take(use))[:, None]
+                return slots[keep], found
+            return slots.reshape(-1), found
         p = np.unpackbits(words.take(wu).view(np.uint8), bitorder="little").nonzero()[0]
         k = p >> 6
         slots = wu.take(k) * 64 + (p & 63)  # ascending within each segment, segments in order
-        found = np.minimum(counts, tot)
-        if slots.size != int(np.maximum(found, 0).sum()):  # the last word of a segment holds more than it needs
+        if slots.size != int(np.maximum(found, 0).sum()):  # a segment's last word holds more than it needs
             pu = pc.take(use).astype(np.int64)
             first_bit = np.cumsum(pu) - pu  # position in p of each used word's first bit
-            rank = np.arange(p.size) - first_bit.take(k) + before.take(use).take(k)
+            rank = np.arange(p.size) - first_bit.take(k) + before.take(use).take(k)  # of each bit in its segment
             slots = slots[rank < want.take(cseg.take(use).take(k))]
         return slots, found
 
     @staticmethod
+    def _tally(words, cw, cseg, nseg):
+        """Set bits of candidate words cw (grouped by segment cseg): per word, running (csum[i]: in cw[:i]), the
+        running count at each segment's first candidate, and per segment."""
+        pc = np.bitwise_count(words.take(cw))
+        csum = np.zeros(cw.size + 1, dtype=np.int64)
+        np.cumsum(pc, out=csum[1:])
+        b = cseg.searchsorted(np.arange(nseg + 1))  # segment r's candidates: cw[b[r]:b[r + 1]]
+        base = csum.take(b[:-1])
+        return pc, csum, base, csum.take(b[1:]) - base
+
+    @staticmethod
     def _select_few(words, flags, wps, counts):
-        """select_first for a few slots in Python ints: per segment, its flags in order, each flagged word's set bits
-        lowest first. None when more than _FEW_WORDS flagged words are read (stale flags): the caller vectorizes."""
-        out, found, budget = [], [], _FEW_WORDS
+        """select_first for a few slots in Python ints: per segment, its summary words in order; of each, the
+        non-zero flagged words (one slice scan skips stale flags), their set bits lowest first. None when more than
+        _FEW_WORDS summary words would be read: the caller vectorizes."""
+        out, found, budget, nw = [], [], _FEW_WORDS, words.size
         for r, k in enumerate(counts.tolist()):
             if k <= 0:
                 found.append(k)
                 continue
-            lo, hi = r * wps, min((r + 1) * wps, words.size)  # the segment's words
+            lo, hi = r * wps, min((r + 1) * wps, nw)  # the segment's words
             want = k
-            for j in (flags[lo >> 6:((hi - 1) >> 6) + 1].nonzero()[0] + (lo >> 6)).tolist():
-                f = int(flags[j])
-                if j << 6 < lo:  # flags of the segment before
-                    f &= ~((1 << (lo - (j << 6))) - 1)
-                if hi < (j + 1) << 6:  # flags of the segment after
-                    f &= (1 << (hi - (j << 6))) - 1
-                while f and k:
-                    budget -= 1
-                    if budget < 0:
-                        return None
-                    low = f & -f
-                    f ^= low
-                    w_ix = ((j << 6) + low.bit_length() - 1)
+            j0 = lo >> 6
+            for j in flags[j0:((hi - 1) >> 6) + 1].nonzero()[0].tolist():
+                budget -= 1
+                if budget < 0:
+                    return None
+                j += j0
+                f, a = int(flags[j]), max(lo, j << 6)
+                for w_ix in words[a:min(hi, (j + 1) << 6)].nonzero()[0].tolist():
+                    w_ix += a
+                    if not (f >> (w_ix & 63)) & 1:  # a word without its flag is not examined
+                        continue
                     w = int(words[w_ix])
                     while w and k:
                         bit = w & -w
                         w ^= bit
                         out.append((w_ix << 6) + bit.bit_length() - 1)
                         k -= 1
+                    if not k:
+                        break
                 if not k:
                     break
             found.append(want - k)
