@@ -8,7 +8,8 @@ used by this batch, by (last-use access, slot); the i-th miss of a rank (ascendi
 Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: one dense
 address-major table while the addresses in use keep it under slot_map.DENSE_LIMIT_BYTES, else hash tables), all
 ranks looked up at once. The slots live in a `pools.Pool` (storage grows with the copies held); the LRU order is a
-`lru_log.StampLog` of the access batches (a selection reads the oldest batches, not the whole buffer).
+`lru_log.StampLog` of the access batches' addresses with one last-access stamp per address (every rank touches
+every address of a batch not homed on it), so a selection reads the oldest batches, not the whole buffer.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 from . import slot_map
 from .errors import CapacityError, require
 from .plan import Plan
-from .lru_log import RELEASED, StampLog
+from .lru_log import StampLog
 from .pools import Pool, merge_by_rank
 
 
@@ -32,7 +33,6 @@ def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class _BufState:
-    hit_places: np.ndarray  # buffer-local places (rank r's slot s is r * seg + s)
     miss_addrs: np.ndarray  # grouped by rank
     miss_ix: np.ndarray  # their address-storage positions
     counts: np.ndarray  # misses per rank
@@ -45,10 +45,11 @@ class _BufState:
 class LocalBuffers:
     def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_limit: int | None = None):
         self.be, self.R, self.slots = be, num_ranks, slots
-        # places r * seg + s; victims from the stamp log (lru_log.StampLog: one stamp per access batch, read from
-        # the oldest batch; the pinned-keys TP replay touches ~1/7 of each buffer per batch and evicts ~1/30)
-        self.pool = Pool(num_ranks, slots, address_limit=space.size, stamp_dtype=np.int32)  # stamps: access batches
-        self.log = StampLog(self.pool)
+        # places r * seg + s; victims from the stamp log (lru_log.StampLog: one stamp per access batch and address,
+        # read from the oldest batch; the pinned-keys TP replay touches ~1/7 of each buffer per batch and evicts
+        # ~1/30). The pool's own per-slot stamps are not used.
+        self.pool = Pool(num_ranks, slots, address_limit=space.size, stamp_dtype=np.int32)
+        self.log = StampLog(self.pool, space)
         self.seg = self.pool.seg
         self.num_places = self.pool.num_places
         self.base = base_place  # unified place of buffer-local place 0
@@ -81,32 +82,28 @@ class LocalBuffers:
         be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
         bounds = self.check_fits(uniq)  # homes
         uix = self.space.index(uniq)
-        hit_slots, h_counts, miss_idx, counts = self.maps.remote(uniq, uix, bounds)
-        rank_off = np.arange(R, dtype=np.int64) * self.seg
-        hit_places = hit_slots + np.repeat(rank_off, h_counts)
+        h_counts, miss_idx, counts = self.maps.remote(uniq, uix, bounds)
         miss_rank = np.repeat(np.arange(R, dtype=np.int64), counts)
         miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
         pool.reserve(counts)  # any storage growth before positions are taken
-        hit_idx = pool.idx(hit_places)
-        pool.touch(hit_idx, plan.now)
+        self.log.stamp(uix, plan.now)  # the batch's hits are no victims of this selection
         s0, f0 = pool.take_free(be, counts)
         rest = counts - f0
         if rest.any():
-            parts, found = self.log.select(rest)
+            parts, found = self.log.select(rest, self.maps)
             dest_idx = merge_by_rank([s0, *parts], [f0, *found])
         else:
             dest_idx = s0
-        pool.touch(dest_idx, plan.now)
-        self.log.append(np.concatenate([hit_idx, dest_idx]), plan.now)
+        self.log.append(uniq, plan.now, h_counts + counts)
         dests = pool.places(dest_idx)
         # The fetch reads the entry where it is now (its CPU place if it is being promoted: the same bytes).
         src = old_places.take(miss_idx)
-        plan.num_local_hits = int(hit_places.size)
+        plan.num_local_hits = int(h_counts.sum())
         plan.num_peer_fetches = int(miss_addrs.size)
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(hit_places, miss_addrs, uix.take(miss_idx), counts, miss_rank, dests,
+        plan.buffer_state = _BufState(miss_addrs, uix.take(miss_idx), counts, miss_rank, dests,
                                       pool.own.take(dest_idx), dest_idx)
 
     def commit(self, plan: Plan) -> None:
@@ -132,8 +129,7 @@ class LocalBuffers:
         r, i, places = self._held(addrs)
         idx = self.pool.idx(places)
         self.pool.give_back(self.be, idx)
-        self.pool.touch(idx, RELEASED)  # their log entries die
-        self.maps.delete(r, addrs.take(i))
+        self.maps.delete(r, addrs.take(i))  # their log entries are no candidates
 
     def slots_of(self, addrs: np.ndarray, r: int) -> np.ndarray:
         """Rank r's buffer slot of each address, -1 where it holds no copy."""
@@ -163,6 +159,8 @@ class LocalBuffers:
             order = np.argsort(owners[sel])
             require(np.array_equal(keys, owners[sel][order]), "local-buffer map keys disagree with the owners")
             require(np.array_equal(vals, occ[sel][order] - r * self.seg), "local-buffer map slots disagree")
+        held = np.unique(owners)
+        self.log.check(require, held, self.space.index(held))
 
 
 __all__ = ["LocalBuffers"]

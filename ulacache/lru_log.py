@@ -210,103 +210,141 @@ class LruLog:
 
 
 class StampLog:
-    """Exact LRU order of a pool whose touch batches carry strictly increasing stamps (the TP local buffers: one
-    stamp per access batch): the batches kept whole, oldest first, each read when it reaches the front.
+    """Exact LRU order of the TP local buffers without a pass over them: the access batches' addresses, oldest first.
 
-    An entry (storage position) of the batch stamped s is live while the pool's stamp there is still s: a later
-    touch or a release (stamp `RELEASED`) kills it, so nothing is searched or sorted when slots are touched. A
-    selection reads batches from the front: live entries, sorted once by position (storage order is (rank, slot)
-    order), taken per rank up to the victims it needs; the rest of a partly used batch stays at the front, sorted.
-    Slots to protect from a selection must carry a stamp newer than every logged one (the caller stamps the batch's
-    hits first: their final stamp). Each logged entry is read O(1) times: a selection costs the entries that reached
-    the front, not a pass over the pool. Entries are compacted (dead ones dropped) when they outnumber
-    COMPACT_FACTOR x the occupied slots, so memory follows the slots in use."""
+    Every rank executes every batch and touches each of its addresses not homed there (a hit, or a miss that takes
+    a slot), so a buffer slot's last touch is the last batch holding its address: one stamp per address (`last`,
+    laid out like the address space), not one per rank and slot. Batch k's address a is live while last[a] == k,
+    and a victim candidate of rank r while r holds a copy of it. A selection reads batches oldest first: per rank
+    the candidates in slot order, the first need[r] taken -- per rank the smallest (stamp, slot), what a scan of
+    the occupied slots not touched by the batch gives. The caller stamps the batch (`stamp`) before selecting
+    (its hits are then no candidates) and logs it (`append`) after. Reading a batch drops its addresses gone dead
+    or held nowhere; `left[k][r]` bounds the candidates batch k still has for rank r, so a selection skips batches
+    without any for the ranks that need victims (per-rank fronts) and a batch is dropped once it has none. A log
+    entry is an address per batch (the pinned-keys TP replay: ~18k per batch, where one per rank and slot touched
+    was ~124k). Dead addresses are dropped when the log outgrows COMPACT_FACTOR x the live entries or the slots in
+    use, so memory follows the copies held."""
 
-    def __init__(self, pool):
-        self.pool = pool
+    def __init__(self, pool, space):
+        self.pool, self.space = pool, space
+        self.last = np.zeros(space.table.size, dtype=np.int32)  # last batch of each address (0: none)
         self.stamps: list[int] = []  # per batch, ascending
-        self.batches: list[np.ndarray] = []  # storage positions (int32 while they fit)
-        self.ordered: list[bool] = []  # sorted, no repeats
+        self.batches: list[np.ndarray] = []  # addresses, ascending
+        self.left: list[np.ndarray] = []  # per batch: candidates left per rank (an upper bound)
         self.size = 0
-        pool.listeners.append(self._grow)
+        self.limit = 0  # size that triggers a compaction
+        space.listeners.append(self._grow)
 
-    def _grow(self, old: int) -> None:
-        """Pool storage re-laid (rank rows of `old` slots now `cap`): move every logged position."""
-        cap, R = self.pool.cap, self.pool.R
-        if R == 1 or not old or old == cap:
+    def _grow(self, old) -> None:
+        self.last = self.space.rows.relayout(self.last, old, 0)
+
+    @staticmethod
+    def _dtype(limit: int):
+        """int32 for values below `limit` when it fits (half the bytes to sort)."""
+        return np.int32 if limit < 2**31 else np.int64
+
+    def stamp(self, ix: np.ndarray, stamp: int) -> None:
+        """Addresses (storage positions `ix`) touched by the batch `stamp` (> every stamp logged)."""
+        self.last[ix] = stamp
+
+    def append(self, addrs: np.ndarray, stamp: int, counts: np.ndarray) -> None:
+        """Log the batch `stamp`'s ascending addresses (stamped already); counts[r]: the addresses rank r touched."""
+        if addrs.size == 0:
             return
-        self.batches = [(a + (a // old) * (cap - old)).astype(self._dtype(), copy=False) for a in self.batches]
-
-    def _dtype(self):
-        return np.int32 if self.pool.R * max(self.pool.cap, 1) < 2**31 else np.int64
-
-    def append(self, idx: np.ndarray, stamp: int) -> None:
-        """Log slots just stamped `stamp` (>= every stamp logged; equal: joins the last batch)."""
-        if idx.size == 0:
-            return
-        a = idx.astype(self._dtype())
-        if self.stamps and self.stamps[-1] == stamp:
-            self.batches[-1] = np.concatenate([self.batches[-1], a])
-            self.ordered[-1] = False
+        a = addrs.astype(self._dtype(self.space.size))
+        if self.stamps and self.stamps[-1] == stamp:  # the same batch again: one entry per address
+            a = np.union1d(self.batches[-1], a)
+            self.size -= self.batches[-1].size
+            self.batches[-1] = a
+            self.left[-1] = self.left[-1] + counts
         else:
             self.stamps.append(int(stamp))
             self.batches.append(a)
-            self.ordered.append(False)
+            self.left.append(np.asarray(counts, dtype=np.int64).copy())
         self.size += a.size
-        if self.size > COMPACT_FACTOR * int(self.pool.in_use.sum()) + COMPACT_FLOOR * self.pool.R:
+        if self.size > self.limit:
             self.compact()
 
-    def _live(self, k: int) -> np.ndarray:
-        a = self.batches[k]
-        return a.take(np.flatnonzero(self.pool.stamp.take(a) == self.stamps[k]))
-
     def compact(self) -> None:
-        """Drop dead entries (order kept)."""
-        keep = [(s, self._live(k), o) for k, (s, o) in enumerate(zip(self.stamps, self.ordered))]
-        keep = [t for t in keep if t[1].size]
-        self.stamps, self.batches, self.ordered = [t[0] for t in keep], [t[1] for t in keep], [t[2] for t in keep]
+        """Drop dead addresses (order kept)."""
+        keep = []
+        for s, a, left in zip(self.stamps, self.batches, self.left):  # loop over batches
+            a = a[self.last.take(self.space.index(a)) == s]
+            if a.size:
+                keep.append((s, a, left))
+        self.stamps, self.batches, self.left = [t[0] for t in keep], [t[1] for t in keep], [t[2] for t in keep]
         self.size = sum(a.size for a in self.batches)
+        self.limit = COMPACT_FACTOR * max(self.size, int(self.pool.in_use.sum())) + COMPACT_FLOOR * self.pool.R
 
-    def select(self, need: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per rank the need[r] live entries with the smallest (stamp, slot), as parts (one per batch read, storage
-        positions grouped by rank, int64) with found[r] per part (pools.merge_by_rank joins them)."""
-        pool = self.pool
-        R, cap = pool.R, max(pool.cap, 1)
+    def select(self, need: np.ndarray, maps) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per rank the need[r] candidates with the smallest (stamp, slot), as parts (one per batch read, pool
+        storage positions grouped by rank, int64) with found[r] per part (pools.merge_by_rank joins them); `maps`:
+        the buffers' slot maps (`rank_major`: every rank's slot + 1 of addresses)."""
+        R, cap = self.pool.R, max(self.pool.cap, 1)
         need = np.asarray(need, dtype=np.int64).copy()
-        cuts = np.arange(R + 1, dtype=np.int64) * cap
         parts, found = [], []
         k = 0
-        while k < len(self.batches) and need.any():  # batches oldest first; a batch left with entries stays
-            live = self._live(k)
-            if not self.ordered[k]:
-                live = np.sort(live)
-                if live.size > 1 and (live[1:] == live[:-1]).any():  # a slot touched twice at one stamp: once
-                    live = live[np.concatenate([[True], live[1:] != live[:-1]])]
-            b = np.searchsorted(live, cuts)
-            have = np.diff(b)
+        while k < len(self.batches) and need.any():  # batches oldest first; a batch left with candidates stays
+            if not np.logical_and(self.left[k] > 0, need > 0).any():  # nothing here for the ranks that need
+                k += 1
+                continue
+            a = self.batches[k]
+            ix = self.space.index(a)
+            live = self.last.take(ix) == self.stamps[k]
+            if not live.all():
+                a, ix = a[live], ix[live]
+            held = maps.rank_major(a, ix)  # (R, live addresses) slot + 1, 0: no copy
+            mask = held != 0  # (nonzero of a bool array is ~5x faster than of int32)
+            have = np.count_nonzero(mask, axis=1)
             take = np.minimum(have, need)
-            need -= take
-            if (take == have).all():
-                got, rest = live, live[:0]
-            else:
-                pos = np.arange(live.size) - np.repeat(b[:-1], have)
-                mine = pos < np.repeat(take, have)
-                got, rest = live[mine], live[~mine]
-            if got.size:
+            rows = np.flatnonzero(take)
+            if rows.size:
+                sub, m = (held, mask) if rows.size == R else (held.take(rows, axis=0), mask.take(rows, axis=0))
+                n, t = have.take(rows), take.take(rows)
+                # slot + 1 in address order within a rank -> storage positions (rank r's slot s is r * cap + s)
+                cand = sub.reshape(-1).take(np.flatnonzero(m)).astype(self._dtype(R * cap))
+                cand += np.repeat(rows * cap - 1, n).astype(cand.dtype)
+                if (t == n).all():
+                    cand.sort()  # slot order within a rank (ranks stay grouped)
+                    got = cand
+                else:  # per rank the t smallest, in order (a partition first where t < n)
+                    ends = np.cumsum(n).tolist()
+                    got = []
+                    for e, c, tr in zip(ends, n.tolist(), t.tolist()):  # loop over ranks
+                        mine = cand[e - c:e]
+                        if tr < c:
+                            mine = np.partition(mine, tr - 1)[:tr]
+                        mine.sort()
+                        got.append(mine)
+                    got = np.concatenate(got)
                 parts.append(got.astype(np.int64))
                 found.append(take)
-            self.size -= self.batches[k].size - rest.size
-            if rest.size:
-                self.batches[k], self.ordered[k] = rest, True
+                need -= take
+            left = have - take
+            if left.any():
+                anyh = mask.any(axis=0)  # addresses no rank holds are no candidates again
+                if not anyh.all():
+                    a = a[anyh]
+                self.size += a.size - self.batches[k].size
+                self.batches[k], self.left[k] = a, left
                 k += 1
             else:
-                del self.stamps[k], self.batches[k], self.ordered[k]
+                self.size -= self.batches[k].size
+                del self.stamps[k], self.batches[k], self.left[k]
         return parts, found
 
+    def check(self, require, addrs: np.ndarray, ix: np.ndarray) -> None:
+        """Every held address (`addrs`, storage positions `ix`) is in the logged batch of its last stamp."""
+        last = self.last.take(ix)
+        at = dict(zip(self.stamps, self.batches))
+        for s in np.unique(last).tolist():  # loop over stamps (tests only)
+            batch = at.get(s)
+            mine = addrs[last == s]
+            require(batch is not None and np.isin(mine, batch).all(), "a held copy is missing from the LRU log")
 
-COMPACT_FACTOR = 4  # logged entries allowed per occupied slot before dead ones are dropped
+
+COMPACT_FACTOR = 4  # logged addresses allowed per live one (or per slot in use) before dead ones are dropped
 COMPACT_FLOOR = 4096  # ... and per rank beyond that
-RELEASED = -1  # stamp of a released slot: never logged, so the slot's entries are dead
 
 
-__all__ = ["COMPACT_FACTOR", "COMPACT_FLOOR", "LruLog", "RELEASED", "StampLog"]
+__all__ = ["COMPACT_FACTOR", "COMPACT_FLOOR", "LruLog", "StampLog"]

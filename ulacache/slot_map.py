@@ -79,17 +79,16 @@ class DenseSlotMaps:
         than a 2-D one)."""
         return self._rows.view(self._dt["s"].base)
 
+    def rank_major(self, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
+        """(R, len(addrs)) slot + 1 of every rank, 0 where it holds no copy (`ix`: the storage positions)."""
+        return np.ascontiguousarray(self.table.take(ix, axis=0).T)
+
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
         """Every rank's look-up of the ascending batch `addrs` (storage positions `ix`) but its own homes
-        (addrs[bounds[r]:bounds[r + 1]]): (hit slots, hits per rank, miss indices into addrs, misses per rank), both
-        grouped by rank, ascending address within a rank. All ranks at once: one gather, made rank-major once."""
+        (addrs[bounds[r]:bounds[r + 1]]): (hits per rank, miss indices into addrs grouped by rank, ascending address
+        within a rank, misses per rank). All ranks at once: one gather, made rank-major once."""
         R, U = self.R, ix.size
-        b = np.ascontiguousarray(self.table.take(ix, axis=0).T)  # (R, U) slot + 1
-        for r in range(R):  # loop over ranks: blank the own homes (one slice each)
-            b[r, bounds[r]:bounds[r + 1]] = 0
-        held = np.not_equal(b, 0)
-        slots = b.reshape(-1).take(np.flatnonzero(held)).astype(np.int64)
-        slots -= 1
+        held = self.rank_major(addrs, ix) != 0  # (R, U); a rank never holds a copy of its own homes
         h_counts = np.count_nonzero(held, axis=1)
         np.logical_not(held, out=held)
         for r in range(R):  # loop over ranks: the own homes are neither hits nor misses
@@ -97,7 +96,7 @@ class DenseSlotMaps:
         miss = np.flatnonzero(held)
         m_counts = np.count_nonzero(held, axis=1)
         miss -= np.repeat(np.arange(R, dtype=np.int64) * U, m_counts)
-        return slots, h_counts, miss, m_counts
+        return h_counts, miss, m_counts
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
@@ -268,18 +267,22 @@ class HashSlotMaps:
         for r in np.unique(ranks).tolist():  # loop over ranks
             yield r, np.flatnonzero(ranks == r)
 
+    def rank_major(self, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
+        """DenseSlotMaps.rank_major."""
+        out = self.get_all(addrs)
+        out += 1
+        return out
+
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
         """DenseSlotMaps.remote: each rank looks up the two slices of the batch homed elsewhere in one probe run."""
-        slots, hits, miss, m_counts = [], np.zeros(self.R, np.int64), [], np.zeros(self.R, np.int64)
+        hits, miss, m_counts = np.zeros(self.R, np.int64), [], np.zeros(self.R, np.int64)
         for r in range(self.R):  # loop over ranks
             rem = np.concatenate([np.arange(bounds[r]), np.arange(bounds[r + 1], addrs.size)])
-            bs = self.maps[r].get(addrs.take(rem))
-            held = bs >= 0
-            slots.append(bs[held])
+            held = self.maps[r].get(addrs.take(rem)) >= 0
             m = rem[~held]
             miss.append(m)
-            hits[r], m_counts[r] = slots[-1].size, m.size
-        return np.concatenate(slots), hits, np.concatenate(miss), m_counts
+            hits[r], m_counts[r] = rem.size - m.size, m.size
+        return hits, np.concatenate(miss), m_counts
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         for r, i in self._by_rank(ranks):
