@@ -96,6 +96,16 @@ def test_bitmaps_and_select_first(name, seed):
     gs, gf = b.select_first(b.asarray(bm), b.asarray(summ), seg, b.asarray(counts))
     _same(b, gs, ws)
     np.testing.assert_array_equal(b.to_numpy(gf), wf)
+    # flags that disagree with the words: stale ones (empty words flagged) and missing ones (words not examined)
+    flags = np.unpackbits(summ, bitorder="little").astype(bool)
+    flags ^= rng.random(flags.size) < 0.2
+    flags[nseg * seg // 64:] = False  # the padding stays clear
+    summ = np.packbits(flags, bitorder="little")
+    for k in (counts, np.minimum(counts, 3)):  # many slots (array passes) and a few (walked one by one)
+        ws, wf = REF.select_first(bm, summ, seg, k)
+        gs, gf = b.select_first(b.asarray(bm), b.asarray(summ), seg, b.asarray(k))
+        _same(b, gs, ws)
+        np.testing.assert_array_equal(b.to_numpy(gf), wf)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
