@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 WRAP = ((engine.Engine, ("_step", "_batch", "_policy_ratios", "_link_rows", "_shared_work", "_order", "_ranks_work", "_rank_work",
                          "_epilogue", "_advance", "_account", "_footprint")),
-        (timing.StepTimer, ("run",)), (policy.PolicyRunner, ("run_step", "grow", "_access", "_ratios")),
+        (timing.StepTimer, ("run",)), (policy.PolicyRunner, ("run_step", "grow", "admit", "_access", "_ratios")),
         (policy.AddressTable, ("lookup", "append")), (synthetic.SyntheticSelections, ("select", "select_groups")))
 LIBRARY = ("access", "commit", "alloc_many")
 # Inside the library: the policies' and TP local buffers' own steps (the facade's share = UlaCache.* minus these).
@@ -41,17 +41,26 @@ INTERNAL = (("ulacache.policies.exclusive", "ExclusivePolicy", ("access", "commi
 
 
 def instrument(acc: dict) -> None:
+    """Wrap the methods; the library's calls made by an admission are labelled apart (`... (admit)`): they are not
+    part of a decode step."""
+    admitting = [0]
+
     def wrap(cls, name):
         f = getattr(cls, name)
         label = f"{cls.__name__}.{name}"
+        library = cls.__module__.startswith("ulacache")
+        is_admit = label == "PolicyRunner.admit"
 
         @functools.wraps(f)
         def g(*a, **k):
             t = time.process_time()
+            admitting[0] += is_admit
             try:
                 return f(*a, **k)
             finally:
-                acc[label] = acc.get(label, 0.0) + time.process_time() - t
+                admitting[0] -= is_admit
+                key = label + " (admit)" if library and admitting[0] else label
+                acc[key] = acc.get(key, 0.0) + time.process_time() - t
         setattr(cls, name, g)
 
     for cls, names in WRAP:
@@ -69,6 +78,18 @@ def instrument(acc: dict) -> None:
         for name in names:
             if name in vars(cls):
                 wrap(cls, name)
+
+
+def split(acc: dict, steps: int) -> dict:
+    """Per decode step (us): the step in all; the library's calls from it (access, commit, alloc_many of the accepted
+    tokens); of those, the facade's own share (UlaCache minus the policy's and TP buffers' steps); the rest of the
+    step (the simulator)."""
+    lib = sum(acc.get(f"UlaCache.{n}", 0.0) for n in LIBRARY)
+    inner = sum(v for k, v in acc.items() if k.split(".")[0] in ("ExclusivePolicy", "HiSparsePolicy", "LocalBuffers")
+                and not k.endswith("(admit)"))
+    step = acc.get("Engine._step", 0.0)
+    us = lambda v: round(v / steps * 1e6)  # noqa: E731
+    return {"step": us(step), "library": us(lib), "facade": us(lib - inner), "simulator": us(step - lib)}
 
 
 def main(argv=None) -> int:
@@ -94,7 +115,9 @@ def main(argv=None) -> int:
     steps = max(1, m["decode_steps"])
     rows = {k: {"cpu_s": round(v, 3), "us_per_step": round(v / steps * 1e6)}
             for k, v in sorted(acc.items(), key=lambda x: -x[1])}
-    print(f"total {total:.2f} CPU-s, {steps} steps, load {load[0]:.1f}")
+    summary = split(acc, steps)
+    print(f"total {total:.2f} CPU-s, {steps} steps, load {load[0]:.1f}; per step: "
+          + ", ".join(f"{k} {v} us" for k, v in summary.items()))
     for k, v in rows.items():
         print(f"{k:40s} {v['cpu_s']:8.2f} s {v['us_per_step']:8d} us/step")
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -103,7 +126,7 @@ def main(argv=None) -> int:
         "command": " ".join([Path(sys.executable).name] + sys.argv), "tree": str(Path(sim.__file__).parents[1]),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
         "load_before": [round(x, 2) for x in load], "total_cpu_s": round(total, 2), "decode_steps": steps,
-        "methods": rows}
+        "per_step_us": summary, "methods": rows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
