@@ -241,7 +241,7 @@ class Engine:
         t_start = self.env.now
         step_s, parts = self.timer.run(work, sim_ranks, epilogue, dedup=not tracing, order=order)
         acc, fin = self._advance(b.run)
-        self._account(b, ratios, rows, acc, step_s, parts, t_start)
+        self._account(b, ratios, rows, acc, step_s, parts, t_start, fin.size)
         return fin.tolist()
 
     def _batch(self, run: np.ndarray) -> Batch:
@@ -457,8 +457,10 @@ class Engine:
         self.finish_s[fin] = self.env.now
         return acc, fin
 
-    def _account(self, b: Batch, ratios, rows: dict, acc: np.ndarray, step_s: float, parts: dict, t_start: float):
-        """Hits, bytes per link, concurrency, footprint and the timeline record of the step."""
+    def _account(self, b: Batch, ratios, rows: dict, acc: np.ndarray, step_s: float, parts: dict, t_start: float,
+                 finished: int):
+        """Hits, bytes per link, concurrency, footprint and the timeline record of the step (`finished`: requests
+        that completed in it)."""
         st, m, costs, sysm = self.state, self.cfg.model, self.costs, self.system
         n_gpu, tp, layer_w = self.cfg.num_gpus, sysm.tp, self.group_layers
         refs_all = b.refs_req.sum()
@@ -481,8 +483,9 @@ class Engine:
             net = self._net_bytes[b.tokens_total] = (
                 costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu,
                 costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu)
+        tokens = int(acc.sum())
         st.steps += 1
-        st.tokens += float(acc.sum())
+        st.tokens += float(tokens)
         st.busy_s += step_s
         st.hits += hits
         st.unique += unique
@@ -495,12 +498,11 @@ class Engine:
         st.max_concurrency = max(st.max_concurrency, b.n_total)
         st.concurrency_sum += b.n_total
         self._footprint(self.prefill.holding(b.run))  # + requests whose prompt is being prefilled
-        finished = int((self.generated[b.run] >= self.out[b.run]).sum())
         if st.first_finish_step is None and finished:
             st.first_finish_step = st.steps - 1
         rec = {"step": st.steps - 1, "t_start_s": t_start, "step_s": step_s, "batch": b.n_total,
                "saturated": self._saturated, "finished": finished,
-               "tokens": int(acc.sum()), "history_tokens": int(b.hist.sum()),
+               "tokens": tokens, "history_tokens": int(b.hist.sum()),
                "h2d_rows": float(link_rows[0]), "d2h_rows": float(link_rows[1]), "peer_rows": float(link_rows[2]),
                "gpu_hit_rate": hits / unique if unique else 1.0}
         rec.update({p: parts.get(p, 0.0) for p in PARTS})

@@ -336,11 +336,16 @@ class PolicyRunner:
         ids = [r for r, _ in keep]
         cnt = np.array([c for _, c in keep], dtype=np.int64)
         ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(cnt)])
+        offsets = [0]
+        for _, c in keep:
+            offsets.append(offsets[-1] + c)
         self.tables.next_round()
         for g, cache in self.caches.items():
             if hasattr(cache, "alloc_many"):
                 addrs = cache.alloc_many(ids, cnt, ranks)
+                if len(ids) == 1:
+                    self.tables.append(g, ids[0], addrs)
+                    continue
                 for i, rid in enumerate(ids):
                     self.tables.append(g, rid, addrs[offsets[i]:offsets[i + 1]])
             else:
