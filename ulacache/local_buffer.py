@@ -90,8 +90,8 @@ class LocalBuffers:
         s0, f0 = pool.take_free(be, counts)
         rest = counts - f0
         if rest.any():
-            parts, found = self.log.select(rest, self.maps)
-            dest_idx = merge_by_rank([s0, *parts], [f0, *found])
+            got, found = self.log.select(rest, self.maps)
+            dest_idx = merge_by_rank([s0, got], [f0, found])
         else:
             dest_idx = s0
         self.log.append(uniq, plan.now, h_counts + counts)

@@ -276,10 +276,10 @@ class StampLog:
         self.size = sum(a.size for a in self.batches)
         self.limit = COMPACT_FACTOR * max(self.size, int(self.pool.in_use.sum())) + COMPACT_FLOOR * self.pool.R
 
-    def select(self, need: np.ndarray, maps) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per rank the need[r] candidates with the smallest (stamp, slot), as parts (one per batch read, pool
-        storage positions grouped by rank, int64) with found[r] per part (pools.merge_by_rank joins them); `maps`:
-        the buffers' slot maps (`rank_major`: every rank's slot + 1 of addresses)."""
+    def select(self, need: np.ndarray, maps) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank the need[r] candidates with the smallest (stamp, slot), as pool storage positions (int64)
+        grouped by rank in that order, and found[r]; `maps`: the buffers' slot maps (`rank_major`: every rank's
+        slot + 1 of addresses)."""
         R, cap = self.pool.R, max(self.pool.cap, 1)
         need = np.asarray(need, dtype=np.int64).copy()
         parts, found = [], []
@@ -317,7 +317,7 @@ class StampLog:
                         mine.sort()
                         got.append(mine)
                     got = np.concatenate(got)
-                parts.append(got.astype(np.int64))
+                parts.append(got)
                 found.append(take)
                 need -= take
             left = have - take
@@ -331,7 +331,7 @@ class StampLog:
             else:
                 self.size -= self.batches[k].size
                 del self.stamps[k], self.batches[k], self.left[k]
-        return parts, found
+        return _by_rank(parts, found, R)
 
     def check(self, require, addrs: np.ndarray, ix: np.ndarray) -> None:
         """Every held address (`addrs`, storage positions `ix`) is in the logged batch of its last stamp."""
@@ -341,6 +341,19 @@ class StampLog:
             batch = at.get(s)
             mine = addrs[last == s]
             require(batch is not None and np.isin(mine, batch).all(), "a held copy is missing from the LRU log")
+
+
+def _by_rank(parts: list[np.ndarray], found: list[np.ndarray], R: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parts each grouped by rank (found[k][r] of rank r in parts[k]) joined into one grouped by rank, part order
+    kept within a rank (int64); and the found per rank."""
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(R, dtype=np.int64)
+    if len(parts) == 1:
+        return parts[0].astype(np.int64), found[0]
+    offs = [(np.cumsum(f) - f).tolist() for f in found]
+    counts = [f.tolist() for f in found]
+    out = [p[o[r]:o[r] + c[r]] for r in range(R) for p, o, c in zip(parts, offs, counts)]  # loop over ranks x parts
+    return np.concatenate(out).astype(np.int64, copy=False), np.sum(found, axis=0)
 
 
 COMPACT_FACTOR = 4  # logged addresses allowed per live one (or per slot in use) before dead ones are dropped

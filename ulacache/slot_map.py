@@ -88,15 +88,13 @@ class DenseSlotMaps:
         (addrs[bounds[r]:bounds[r + 1]]): (hits per rank, miss indices into addrs grouped by rank, ascending address
         within a rank, misses per rank). All ranks at once: one gather, made rank-major once."""
         R, U = self.R, ix.size
-        held = self.rank_major(addrs, ix) != 0  # (R, U); a rank never holds a copy of its own homes
-        h_counts = np.count_nonzero(held, axis=1)
-        np.logical_not(held, out=held)
-        for r in range(R):  # loop over ranks: the own homes are neither hits nor misses
-            held[r, bounds[r]:bounds[r + 1]] = False
-        miss = np.flatnonzero(held)
-        m_counts = np.count_nonzero(held, axis=1)
+        absent = np.ascontiguousarray((self.table.take(ix, axis=0) == 0).T)  # (R, U): made rank-major as bytes
+        for r in range(R):  # loop over ranks: the own homes (never held there) are neither hits nor misses
+            absent[r, bounds[r]:bounds[r + 1]] = False
+        miss = np.flatnonzero(absent)
+        m_counts = np.count_nonzero(absent, axis=1)
         miss -= np.repeat(np.arange(R, dtype=np.int64) * U, m_counts)
-        return h_counts, miss, m_counts
+        return U - np.diff(bounds) - m_counts, miss, m_counts
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
