@@ -58,6 +58,8 @@ class LocalBuffers:
         self.dense_limit = slot_map.DENSE_LIMIT_BYTES if dense_limit is None else dense_limit
         self.maps = slot_map.make_slot_maps(num_ranks, space, slots, self.dense_limit)
         space.listeners.append(self._refit_maps)  # after the dense table's own listener
+        self._cuts = np.arange(num_ranks + 1, dtype=np.int64) * self.slots_per_rank  # home bounds of addresses
+        self._checked = (None, [])  # the last batch checked and its home bounds
 
     def _refit_maps(self, old: int) -> None:
         self.maps = slot_map.fits(self.maps, self.slots, self.dense_limit)
@@ -65,14 +67,16 @@ class LocalBuffers:
     def check_fits(self, uniq: np.ndarray) -> list[int]:
         """Home bounds of the ascending batch `uniq`; CapacityError when a rank's remote entries exceed its buffer
         (checked before the policy plans, so that a refused batch changes nothing)."""
-        bounds = np.searchsorted(uniq, np.arange(self.R + 1, dtype=np.int64) * self.slots_per_rank).tolist()
-        remote = uniq.size - np.diff(bounds)
-        over = np.flatnonzero(remote > self.slots)
-        if over.size:
-            r = int(over[0])
+        if self._checked[0] is uniq:  # the facade checked this batch before the policy planned it
+            return self._checked[1]
+        bounds = np.searchsorted(uniq, self._cuts).tolist()
+        remote = [uniq.size - (b - a) for a, b in zip(bounds, bounds[1:])]
+        if max(remote) > self.slots:
+            r = next(r for r, n in enumerate(remote) if n > self.slots)
             raise CapacityError(
-                f"TP rank {r} needs {int(remote[r])} remote entries in one batch; its local buffer holds {self.slots}"
+                f"TP rank {r} needs {remote[r]} remote entries in one batch; its local buffer holds {self.slots}"
             )
+        self._checked = (uniq, bounds)
         return bounds
 
     def plan(self, plan: Plan, old_places: np.ndarray) -> None:
@@ -113,16 +117,18 @@ class LocalBuffers:
         has_v = np.flatnonzero(st.victims >= 0)
         if has_v.size == st.victims.size:
             self.maps.delete(st.miss_rank, st.victims)
-        else:
+        elif has_v.size:
             self.maps.delete(st.miss_rank.take(has_v), st.victims.take(has_v))
         self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg, st.miss_ix)
         pool.own[st.dest_idx] = st.miss_addrs
 
     def _held(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rank, index into addrs, buffer-local place) of every copy of `addrs`, grouped by rank."""
-        bs = self.maps.get_all(addrs)
-        r, i = _nonzero_rows(bs >= 0)
-        return r, i, bs[r, i].astype(np.int64) + r * self.seg
+        held = self.maps.rank_major(addrs, self.space.index(addrs))  # (R, len(addrs)) slot + 1, 0: none
+        r, i = _nonzero_rows(held != 0)
+        places = held[r, i].astype(np.int64)
+        places += r * self.seg - 1
+        return r, i, places
 
     def invalidate(self, addrs: np.ndarray) -> None:
         """Drop every rank's copies of freed addresses."""
