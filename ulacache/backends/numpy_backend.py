@@ -39,7 +39,7 @@ class NumpyBackend:
         """Sorted distinct values >= 0 (int64) by sorting a copy: int32 when `size` allows (sorts ~2x faster)."""
         a = addrs.reshape(-1).astype(np.int32 if size < 2**31 else np.int64)
         a.sort()
-        a = a[np.searchsorted(a, 0):]  # -1 padding sorts first
+        a = a[a.searchsorted(0):]  # -1 padding sorts first
         if a.size > 1:
             keep = np.empty(a.size, dtype=bool)
             keep[0] = True
@@ -52,7 +52,7 @@ class NumpyBackend:
         """Scatter-marker dedup: O(n) scatter + one scan of the marker, left all False; -1 padding lands on
         marker[-1] (never a valid address: the marker is longer than max(addrs))."""
         marker[addrs] = True
-        uniq = np.flatnonzero(marker)
+        uniq = marker.nonzero()[0]
         marker[uniq] = False
         marker[-1] = False
         if uniq.size and uniq[-1] == marker.size - 1:
@@ -165,7 +165,7 @@ class NumpyBackend:
             first = nzf.searchsorted(lo >> 6)  # segment r's flag words: nzf[first[r]:end[r]]
             end = nzf.searchsorted(((lo + wps - 1) >> 6) + 1)
             fc = np.zeros(nzf.size + 1, dtype=np.int64)
-            np.cumsum(per, out=fc[1:])  # flags in nzf[:i]
+            per.cumsum(out=fc[1:])  # flags in nzf[:i]
             slack = 0 if wps & 63 == 0 else 63  # a segment's first flag word may hold up to 63 of the one before
             need = want
             while True:
@@ -191,7 +191,7 @@ class NumpyBackend:
         slots = wu.take(k) * 64 + (p & 63)  # ascending within each segment, segments in order
         if slots.size != int(np.maximum(found, 0).sum()):  # a segment's last word holds more than it needs
             pu = pc.take(use).astype(np.int64)
-            first_bit = np.cumsum(pu) - pu  # position in p of each used word's first bit
+            first_bit = pu.cumsum() - pu  # position in p of each used word's first bit
             rank = np.arange(p.size) - first_bit.take(k) + before.take(use).take(k)  # of each bit in its segment
             slots = slots[rank < want.take(cseg.take(use).take(k))]
         return slots, found
@@ -202,7 +202,7 @@ class NumpyBackend:
         running count at each segment's first candidate, and per segment."""
         pc = np.bitwise_count(words.take(cw))
         csum = np.zeros(cw.size + 1, dtype=np.int64)
-        np.cumsum(pc, out=csum[1:])
+        pc.cumsum(out=csum[1:])
         b = cseg.searchsorted(np.arange(nseg + 1))  # segment r's candidates: cw[b[r]:b[r + 1]]
         base = csum.take(b[:-1])
         return pc, csum, base, csum.take(b[1:]) - base
@@ -252,8 +252,8 @@ class NumpyBackend:
             return _EMPTY, _EMPTY
         pos = np.arange(total, dtype=np.int64)
         if n.size > 1:
-            pos += np.repeat(first - (np.cumsum(n) - n), n)
-            seg = np.repeat(np.arange(n.size, dtype=np.int64), n)
+            pos += (first - (n.cumsum() - n)).repeat(n)
+            seg = np.arange(n.size, dtype=np.int64).repeat(n)
         else:
             pos += first[0]
             seg = np.zeros(total, dtype=np.int64)
@@ -294,8 +294,8 @@ class NumpyBackend:
             cum, t = 0, 1  # cum: eligible slots in bins below t
             while t <= span:
                 if t > _BIN_PASSES:  # many bins to read: count them all at once
-                    upto = np.cumsum(np.bincount(v, minlength=span + 1)[1:])  # eligible in bins 1..j
-                    t = int(np.searchsorted(upto, k)) + 1  # span + 1: fewer than k eligible in all
+                    upto = np.bincount(v, minlength=span + 1)[1:].cumsum()  # eligible in bins 1..j
+                    t = int(upto.searchsorted(k)) + 1  # span + 1: fewer than k eligible in all
                     cum = int(upto[t - 2]) if t >= 2 else 0
                     break
                 n = int(np.count_nonzero(v == t))
@@ -303,13 +303,13 @@ class NumpyBackend:
                     break
                 cum, t = cum + n, t + 1
             if t > 1:  # every eligible slot below bin t: (v - 1) wraps to huge for ineligible slots
-                below = np.flatnonzero((v - 1).view(np.uint32) < t - 1)
+                below = ((v - 1).view(np.uint32) < t - 1).nonzero()[0]
                 if t > 2 and below.size > 1:
-                    below = below.take(np.argsort(v.take(below), kind="stable"))  # (stamp, slot) order
+                    below = below.take(v.take(below).argsort(kind="stable"))  # (stamp, slot) order
             else:
                 below = np.zeros(0, dtype=np.int64)
             if t <= span:
-                below = np.concatenate([below, np.flatnonzero(v == t)[:k - below.size]])
+                below = np.concatenate([below, (v == t).nonzero()[0][:k - below.size]])
             out.append(below + lo)
             found[r] = below.size
         slots = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
@@ -322,7 +322,7 @@ class NumpyBackend:
         out, found = [], np.zeros(counts.size, dtype=np.int64)
         for r, k in enumerate(counts.tolist()):  # loop over ranks (segments), not over slots
             lo = r * seg_slots
-            idx = np.flatnonzero(eligible[lo:lo + seg_slots])
+            idx = eligible[lo:lo + seg_slots].nonzero()[0]
             key = (stamps[lo + idx] + 1) * seg_slots + idx  # unique: (stamp, slot) order
             if k < idx.size:
                 key = key[np.argpartition(key, k)[:k]] if k > 0 else key[:0]
