@@ -98,47 +98,50 @@ def test_growth_slack_is_bounded():
 
 
 def test_regrowth_moves_rows_inside_one_buffer():
-    """The first re-layout allocates exactly; later ones get room and then grow in place (same buffer)."""
+    """The first re-layout leaves room for one growth step (FIRST_ROOM), a later new buffer SPARE x; growth within
+    the room moves rows inside the same buffer."""
+    from ulacache.pools import FIRST_ROOM
+
     rows = RaggedRows(3, STRIDE, STRIDE)
     arr = np.zeros(0, dtype=np.int32)
     arr = rows.relayout(arr, rows.grow(np.array([0, 100000, 0])), -1)
-    assert arr.base is None and arr.size == rows.size
+    first = arr.base
+    assert first is not None and arr.size == rows.size and first.size == int(rows.size * FIRST_ROOM)
     arr[:] = 5
-    arr = rows.relayout(arr, rows.grow(np.array([100000, 100000, 0])), -1)
+    arr = rows.relayout(arr, rows.grow(np.array([0, 100100, 0])), -1)  # one growth step: in place
+    assert arr.base is first and arr.size == rows.size > 100100
+    arr = rows.relayout(arr, rows.grow(np.array([100000, 100100, 0])), -1)  # beyond the room: a new buffer
     buf = arr.base
-    assert buf is not None and buf.size > arr.size
-    arr = rows.relayout(arr, rows.grow(np.array([100000, 100000, 100000])), -1)
+    assert buf is not None and buf is not first and buf.size > arr.size
+    arr = rows.relayout(arr, rows.grow(np.array([100000, 100100, 100000])), -1)
     assert arr.base is buf and rows.size > 0
-    assert (arr[rows.index(np.array([0, STRIDE, 2 * STRIDE, 2 * STRIDE + 99999]))] == [-1, 5, -1, -1]).all()
+    assert (arr[rows.index(np.array([0, STRIDE, STRIDE + 100050, 2 * STRIDE, 2 * STRIDE + 99999]))] == [-1, 5, -1, -1, -1]).all()
 
 
-def test_narrow_stamps_widen_before_the_clock_outgrows_them():
-    """Pools start with narrow stamps (pb-lru: int16 epochs) and widen, values kept, when a clock needs more bits."""
-    from ulacache.pools import Pool
+def test_zero_filled_tables_leave_all_zero_parts_unwritten():
+    """Re-laying a zero-filled table (bucket bitmaps) writes no page that stays zero: rows with no bit set stay
+    unmapped in the new buffer (their pages are what the resident set and the first-touch cost count)."""
+    rows = RankRows(4, 1 << 26, 1 << 26)
+    stacked = np.zeros((3, 0), dtype=np.uint8)
+    before = _rss_anon()
+    old = rows.grow(1 << 24)
+    stacked = rows.relayout_stacked(stacked, old, 0, 1 / 8)  # 3 x 8 MiB
+    stacked[1, 5] = 7  # one bit in row 1 (rank 0)
+    for need in (rows.cap + 1, 2 * rows.cap + 1):  # in place, then into a new buffer
+        old = rows.grow(need)
+        stacked = rows.relayout_stacked(stacked, old, 0, 1 / 8)
+        assert stacked[1, 5] == 7 and int(np.count_nonzero(stacked)) == 1
+    after = _rss_anon()
+    assert before is None or after - before < stacked.nbytes // 8, (after - before, stacked.nbytes)
 
-    pool = Pool(2, 100, stamp_dtype=np.int16)
-    pool.reserve(np.array([10, 10]))
-    pool.touch(np.array([1, 3]), 7)
-    pool.fit_stamp(2**15 - 1)
-    assert pool.stamp.dtype == np.int16
-    pool.touch(np.array([2]), 2**15)
-    assert pool.stamp.dtype == np.int32 and pool.stamp[[1, 2, 3]].tolist() == [7, 2**15, 7]
-    pool.fit_stamp(2**31)
-    assert pool.stamp.dtype == np.int64 and pool.stamp[2] == 2**15
-    assert pool.stamps.dtype == np.int64  # the dense snapshot keeps one width whatever the storage holds
 
-
-def test_request_runs_give_back_every_address_in_order():
-    """Requests keep runs of consecutive addresses as (first, count): addresses() is what was registered, in order."""
-    from ulacache.address_space import AddressSpace
-
-    space = AddressSpace(2, 1000, 5000)
-    chunks = [np.arange(10, 20), np.array([20]), np.array([21]), np.array([40]), np.array([7, 5, 6]), np.zeros(0, int),
-              np.arange(30, 33), np.array([33, 35])]
-    req = space.request(1, 0)
-    for c in chunks:
-        space.register(1, req, c.astype(np.int64))
-    got = space.requests[1].addresses()
-    assert got.dtype == np.int64 and got.tolist() == np.concatenate(chunks).tolist()
-    assert req.num_tokens == got.size
-    assert len(req.runs) == 5  # 10..21 merged, 40, [7 5 6], 30..32, [33 35]
+def _rss_anon():
+    """This process's anonymous resident bytes (pages only read map the shared zero page and are not counted)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

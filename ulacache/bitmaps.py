@@ -106,6 +106,16 @@ class BucketBitmaps:
         for age in present.tolist():  # loop over buckets (at most K + 2)
             self._write(be, age, slots.take(np.flatnonzero(ages == age)), False)
 
+    def refresh(self, be, slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        """Move occupied slots (an access's hits) into the current bucket; those whose stamp is the current epoch are
+        in it already and are left alone (most hits, while an epoch lasts). Returns the slots moved."""
+        if slots.size == 0:
+            return slots
+        moved = slots.take(np.flatnonzero(stamps.take(slots) != self.epoch))
+        self.remove(be, moved, stamps)
+        self.add(be, moved)
+        return moved
+
     def add(self, be, slots: np.ndarray) -> None:
         """Put slots (not in any bucket) into the current bucket (their stamps are set to `epoch`)."""
         if slots.size:

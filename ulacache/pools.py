@@ -22,7 +22,8 @@ import numpy as np
 GROW_FLOOR = 1024  # smallest storage row (slots or ids per rank)
 SMALL_ROW = 1 << 16  # rows shorter than this double when they grow
 HEADROOM = 8  # longer rows grow to need + need / HEADROOM
-SPARE = 2  # a table re-laid once gets a buffer of SPARE x its size (an anonymous mapping: memory once written)
+FIRST_ROOM = 1 + 2 / HEADROOM  # a first buffer: room for one growth step of its long rows (need / HEADROOM, padded)
+SPARE = 2  # a table re-laid again gets a buffer of SPARE x its size (buffers are anonymous mappings: memory once written)
 
 
 def id_dtype(limit: int | None):
@@ -106,10 +107,11 @@ def _grown(cap, need, floor: int):
 
 
 class _Buffers:
-    """Storage re-laid in place: a table re-laid a second time gets a buffer of SPARE x its new size and the caller
-    holds a prefix view of it, so later growth moves rows inside the buffer instead of copying every row into fresh
-    pages (first-touch page faults were most of a re-layout's cost: 1.4 GB/s measured, vs ~20 GB/s for a copy
-    within written pages). The buffer is an anonymous mapping of its own: its pages are zero and cost memory only
+    """Storage re-laid in place: a table's first buffer has room for one growth step (FIRST_ROOM: a prompt's rows,
+    then its first decode tokens), a later one SPARE x its new size, and the caller holds a prefix view of it, so
+    growth moves rows inside the buffer instead of copying every row into fresh pages (first-touch page faults were
+    most of a re-layout's cost: 1.4 GB/s measured, vs ~20 GB/s for a copy within written pages; on this project's
+    2-core VM a first touch costs ~0.8 CPU-s per 100 MB). The buffer is an anonymous mapping of its own: its pages are zero and cost memory only
     once written (numpy's own allocation would be recycled heap that calloc clears in full, or huge pages that
     make the untouched room resident), and unmapping it on release gives the address space back. Buffers are known
     by identity (weak references), never guessed from a view's base."""
@@ -132,12 +134,12 @@ class _Buffers:
             return None, -1
         return b, arr.shape[axis]
 
-    def new(self, arr: np.ndarray, n: int, axis: int, spare: bool):
-        """(a new buffer, where it is known zero along `axis`: 0 for a mapping, -1 for numpy's memory)."""
+    def new(self, arr: np.ndarray, n: int, axis: int, room: float):
+        """(a new buffer with room for n * room along `axis`, 0: it is known zero from there on); a mapping."""
         shape = list(arr.shape)
-        shape[axis] = int(n * SPARE) if spare else n
+        shape[axis] = max(n, int(n * room))
         nbytes = int(np.prod(shape, dtype=np.int64)) * arr.dtype.itemsize
-        if not spare or nbytes == 0:
+        if nbytes == 0:
             return np.empty(shape, dtype=arr.dtype), -1
         mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         flat = np.frombuffer(mem, dtype=arr.dtype)  # views of it name it as their base
@@ -169,22 +171,48 @@ def _move(dst: np.ndarray, src: np.ndarray, d: int, s: int, length: int, axis: i
         dst[row, d:d + length] = src[row, s:s + length]
 
 
+def _parts(buf: np.ndarray, a: int, b: int, axis: int) -> list[np.ndarray]:
+    """[a, b) along `axis` as contiguous pieces: one block (axis 0, or 1-D), else one piece per leading row."""
+    if axis == 0 or buf.ndim == 1:
+        return [buf[a:b] if axis == 0 else buf[..., a:b]]
+    return [buf[i][..., a:b] for i in np.ndindex(*buf.shape[:-1])]
+
+
+def _lazy_put(dst: np.ndarray, src: np.ndarray | None, dst_zero: bool) -> None:
+    """dst = src (None: zeros) in a zero-filled table without writing pages that stay zero: an all-zero source is
+    written only where dst is not already zero (`dst_zero`: known zero), so untouched pages of a mapping stay
+    unmapped (a page's first write is the costly part of a re-layout, and what makes it resident)."""
+    if src is not None and src.any():
+        dst[...] = src
+    elif not dst_zero and dst.any():
+        dst[...] = 0
+
+
 def _relayout(arr: np.ndarray, olds: list[int], oleft: list[int], news: list[int], left: list[int], total: int,
-              fill, axis: int, spare: bool = True) -> np.ndarray:
+              fill, axis: int) -> np.ndarray:
     """Rows of `arr` (row r: [olds[r], olds[r] + oleft[r]) along `axis`) moved to [news[r], ...) in storage of
-    `total`, [news[r] + oleft[r], news[r] + left[r]) filled; in place when `arr`'s buffer has room."""
+    `total`, [news[r] + oleft[r], news[r] + left[r]) filled; in place when `arr`'s buffer has room. Zero-filled
+    tables are written only where a value is not zero already (`_lazy_put`)."""
     buf, zero = _BUFFERS.room(arr, total, axis)  # zero: where the buffer is still all zero (-1: unknown)
     src = buf
-    if buf is None:  # a new buffer: exact the first time (a table that never grows again), spare after
-        (buf, zero), src = _BUFFERS.new(arr, total, axis, spare=spare and arr.shape[axis] > 0), arr
+    if buf is None:  # a new buffer: room for one growth step the first time, SPARE x after
+        (buf, zero), src = _BUFFERS.new(arr, total, axis, FIRST_ROOM if arr.shape[axis] == 0 else SPARE), arr
+    lazy = fill == 0 and zero >= 0  # a mapping: pages never written are zero and cost nothing
     zero = zero if fill == 0 else -1  # zero fills stop there (those pages stay unmapped)
     for r in range(len(olds) - 1, -1, -1):  # loop over rows, last first: moves go right, none overwrites a row to come
         o, n, oc, c = olds[r], news[r], oleft[r], left[r]
-        if oc and (src is not buf or o != n):
+        if oc and lazy:
+            for d_part, s_part in zip(_parts(buf, n, n + oc, axis), _parts(src, o, o + oc, axis)):
+                if src is not buf or o != n:
+                    _lazy_put(d_part, s_part, dst_zero=n >= zero)
+        elif oc and (src is not buf or o != n):
             _move(buf, src, n, o, oc, axis)
         lo, hi = n + oc, n + c if zero < 0 else min(n + c, zero)
         if hi > lo:
-            if axis == 0:
+            if lazy:
+                for part in _parts(buf, lo, hi, axis):
+                    _lazy_put(part, None, dst_zero=False)
+            elif axis == 0:
                 buf[lo:hi] = fill
             else:
                 buf[..., lo:hi] = fill
@@ -230,13 +258,12 @@ class RankRows:
 
     def relayout(self, arr: np.ndarray, old: int, fill, per_id: float = 1) -> np.ndarray:
         """`arr` (R rows of old * per_id elements, trailing dims kept) re-laid to rows of cap * per_id elements, in
-        a new exact array: every row moves anyway, and spare room kept pools' pages resident (pinned ulacache DP
-        replay: peak RSS 3.83 GB with spare buffers, 2.80 GB without)."""
-        return _relayout(arr, *self._rows(old, per_id), fill, 0, spare=False)
+        place when its buffer has room (rows move right, last first)."""
+        return _relayout(arr, *self._rows(old, per_id), fill, 0)
 
     def relayout_stacked(self, arr: np.ndarray, old: int, fill, per_id: float = 1) -> np.ndarray:
         """`relayout` of each row of a 2-D `arr` (M tables laid out like the ids): one (M, R * cap * per_id) array."""
-        return _relayout(arr, *self._rows(old, per_id), fill, -1, spare=False)
+        return _relayout(arr, *self._rows(old, per_id), fill, -1)
 
 
 class RaggedRows:
@@ -330,6 +357,9 @@ class Pool:
         self.cleared = 0
         self.num_free = np.full(num_ranks, slots, dtype=np.int64)
         self.in_use = np.zeros(num_ranks, dtype=np.int64)
+        # Slots of each rank ever taken lie below high[r] (row-relative); the free ones below it are holes, so a rank
+        # with in_use == high has its lowest free slots at [high, ..): taken without a search (fresh pools, prompts).
+        self.high = np.zeros(num_ranks, dtype=np.int64)
         self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
         self.log = LruLog(self, lru_log_mode) if exact_lru else None  # exact LRU order kept per rank (lru_log.py)
 
@@ -388,13 +418,45 @@ class Pool:
         if not (counts > 0).any() or (self.in_use >= self.slots).all():  # nothing asked or nothing free
             return np.zeros(0, dtype=np.int64), np.zeros(self.R, dtype=np.int64)
         self.reserve(counts)
+        if not ((counts > 0) & (self.in_use < self.high)).any():  # no holes where slots are asked: fresh ones
+            return self._take_fresh(np.minimum(np.maximum(counts, 0), self.slots - self.high))
         bm = be.asarray(self.free)
         s, found = be.select_first(bm, be.asarray(self.summary()), max(self.cap, 64), be.asarray(counts))
         s, found = be.to_numpy(s), be.to_numpy(found)
         if s.size:
             self._write_free(be, s, False)
             self.in_use += found
+            last = s.take(np.cumsum(found)[found > 0] - 1)  # each rank's highest slot taken (grouped, ascending)
+            rows = np.flatnonzero(found)
+            self.high[rows] = np.maximum(self.high[rows], last - rows * self.cap + 1)
         return s, found
+
+    def _take_fresh(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slots [high[r], high[r] + found[r]) of each rank (all free: no holes below), claimed by clearing their free
+        bits as byte ranges; what select_first would return there, without reading the bitmap."""
+        cap, fb = self.cap, self.free
+        start = np.arange(self.R, dtype=np.int64) * cap + self.high
+        n = int(found.sum())
+        s = np.repeat(start - (np.cumsum(found) - found), found) + np.arange(n, dtype=np.int64)
+        for a, k in zip(start.tolist(), found.tolist()):  # loop over ranks: clear bits [a, a + k)
+            if k:
+                b = a + k
+                lo, hi = -(-a // 8), b // 8  # whole bytes inside the range
+                if lo <= hi:
+                    fb[lo:hi] = 0
+                    if a % 8:
+                        fb[a // 8] &= (1 << (a % 8)) - 1
+                    if b % 8:
+                        fb[hi] &= 0xFF ^ ((1 << (b % 8)) - 1)
+                else:  # inside one byte
+                    fb[a // 8] &= 0xFF ^ (((1 << k) - 1) << (a % 8))
+        self.cleared += n
+        if self.cleared > self.free_nz.size:
+            self.free_nz[:] = self.free.view("<u8") != 0
+            self.cleared = 0
+        self.in_use += found
+        self.high += found
+        return s, found.astype(np.int64, copy=False)
 
     def give_back(self, be, idx: np.ndarray) -> None:
         """Free taken slots (owners cleared)."""

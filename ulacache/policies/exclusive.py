@@ -48,6 +48,7 @@ class ExchangeState:
     dests: np.ndarray  # GPU places the misses go to
     victims: np.ndarray  # previous owner of each dest, -1 = the slot was free
     hit_gidx: np.ndarray  # GPU pool storage positions of the hits
+    touch_gidx: np.ndarray  # ... of the hits whose recency stamp changes at commit
     dest_gidx: np.ndarray  # ... and of the dests
 
 
@@ -176,7 +177,8 @@ class ExclusivePolicy:
         plan.d2h_rows_per_rank = v_counts.astype(np.int64) + self.pending_d2h
         plan.move_src = np.concatenate([miss_src, v_dest])
         plan.move_dst = np.concatenate([dests, v_src])
-        plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, hit_gidx, dest_gidx)
+        plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, hit_gidx,
+                                          self._touched_hits(hit_gidx), dest_gidx)
 
     def commit(self, plan: Plan) -> None:
         st, gpu, space, now = plan.policy_state, self.gpu, self.space, plan.now
@@ -189,7 +191,7 @@ class ExclusivePolicy:
             self.cpu.release(st.miss_src[~has_v])
             gpu.num_free -= np.bincount(st.dests[~has_v] // gpu.seg, minlength=self.cfg.num_ranks)
         gpu.own[st.dest_gidx] = st.miss_addrs
-        gpu.touch(st.hit_gidx, self._clock(now))
+        gpu.touch(st.touch_gidx, self._clock(now))
         gpu.touch(st.dest_gidx, self._clock(now))
         self.pending_d2h[:] = 0
         self.step = now
@@ -239,6 +241,10 @@ class ExclusivePolicy:
 
     def _on_alloc(self, gslots: np.ndarray) -> None:
         pass
+
+    def _touched_hits(self, hit_gidx: np.ndarray) -> np.ndarray:
+        """The hits whose stamp the commit sets (after `_select`): all of them (lru: every touch is logged)."""
+        return hit_gidx
 
     def _on_release(self, gslots: np.ndarray) -> None:
         pass

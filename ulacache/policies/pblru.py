@@ -37,6 +37,7 @@ class PbLruPolicy(ExclusivePolicy):
         self.buckets = BucketBitmaps(self.gpu, cfg.num_recent_buckets)
         self.epoch_volume = epoch_volume(cfg.num_ranks, cfg.gpu_slots, cfg.num_recent_buckets)
         self.inserted = 0  # slots inserted into the GPU pool during the current epoch
+        self.moved_hits = np.zeros(0, dtype=np.int64)  # the last access's hits that changed bucket (`_select`)
 
     def _clock(self, step):
         return self.buckets.epoch
@@ -59,8 +60,7 @@ class PbLruPolicy(ExclusivePolicy):
             self.gpu.fit_stamp(buckets.epoch)  # before bucket_of compares the clock with the stamps
             self.inserted = 0
         self.inserted += int(m_counts.sum())
-        buckets.remove(be, hit_gidx, self.gpu.stamp)  # recency update: hits move to the current bucket
-        buckets.add(be, hit_gidx)
+        self.moved_hits = buckets.refresh(be, hit_gidx, self.gpu.stamp)  # recency update: hits join the current bucket
         parts, founds = [], []
         remaining = m_counts
         if remaining.any():
@@ -82,6 +82,10 @@ class PbLruPolicy(ExclusivePolicy):
         dests = self._by_rank(parts, founds)
         buckets.add(be, dests)
         return dests
+
+    def _touched_hits(self, hit_gidx):
+        """Only the hits `_select` moved get a new stamp: the others carry the current epoch already."""
+        return self.moved_hits
 
     def _on_alloc(self, gidx):
         self.buckets.add(self.be, gidx)
