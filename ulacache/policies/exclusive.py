@@ -96,34 +96,48 @@ class ExclusivePolicy:
             c_take = water_fill(cfree, n - int(g_take.sum()))
             tok_rank = np.concatenate([interleave(g_take), interleave(c_take)])
             tok_gpu = np.arange(n) < g_take.sum()
+            per_rank = np.bincount(tok_rank, minlength=R)
         else:
-            tok_rank = np.repeat(ranks, counts)
-            need = np.bincount(tok_rank, minlength=R)
-            short = np.flatnonzero(need > gfree + cfree)
+            per_rank = np.bincount(ranks, weights=counts, minlength=R).astype(np.int64)
+            short = np.flatnonzero(per_rank > gfree + cfree)
             if short.size:
                 r = int(short[0])
-                raise CapacityError(f"cannot allocate {int(need[r])} tokens on rank {r}: {int(gfree[r] + cfree[r])} slots free")
-            tok_gpu = np.zeros(n, dtype=bool)
+                raise CapacityError(f"cannot allocate {int(per_rank[r])} tokens on rank {r}: {int(gfree[r] + cfree[r])} slots free")
         addrs = np.empty(n, dtype=np.int64)
         places = np.empty(n, dtype=np.int64)
         g_counts = np.zeros(R, dtype=np.int64)
-        # Tokens grouped by rank, ascending within a rank (one radix sort on narrow keys instead of a scan per rank).
-        by_rank = np.argsort(tok_rank.astype(_small_int(R)), kind="stable")
-        per_rank = np.bincount(tok_rank, minlength=R)
         self.space.reserve(per_rank)  # one re-layout of the address tables for every rank that grows
         bounds = np.concatenate([[0], np.cumsum(per_rank)]).tolist()
-        for r in range(R):  # loop over ranks
-            if bounds[r] == bounds[r + 1]:
-                continue
-            idx = by_rank[bounds[r]:bounds[r + 1]]
-            addrs[idx] = self.space.pop_ids(r, idx.size)
+        live = ranks[counts > 0]
+        if not tp and bool((live[1:] >= live[:-1]).all()):  # tokens grouped by rank already (a prompt): slices
+            for r in range(R):  # loop over ranks
+                lo, hi = bounds[r], bounds[r + 1]
+                if lo == hi:
+                    continue
+                addrs[lo:hi] = self.space.pop_ids(r, hi - lo)
+                g = min(hi - lo, int(gfree[r]))
+                g_counts[r] = g
+                places[lo + g:hi] = self.cpu.free[r].pop(hi - lo - g)
+                self.pending_d2h[r] += hi - lo - g
+            start = np.array(bounds[:-1], dtype=np.int64)
+            gi = np.repeat(start - (np.cumsum(g_counts) - g_counts), g_counts) + np.arange(int(g_counts.sum()))
+        else:
             if not tp:
-                tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
-            g_counts[r] = int(tok_gpu[idx].sum())
-            ci = idx[~tok_gpu[idx]]
-            places[ci] = self.cpu.free[r].pop(ci.size)
-            self.pending_d2h[r] += ci.size
-        gi = by_rank[tok_gpu[by_rank]]  # GPU tokens grouped by rank, like select_first's output
+                tok_rank, tok_gpu = np.repeat(ranks, counts), np.zeros(n, dtype=bool)
+            # Tokens grouped by rank, ascending within a rank (one radix sort on narrow keys, not a scan per rank).
+            by_rank = np.argsort(tok_rank.astype(_small_int(R)), kind="stable")
+            for r in range(R):  # loop over ranks
+                if bounds[r] == bounds[r + 1]:
+                    continue
+                idx = by_rank[bounds[r]:bounds[r + 1]]
+                addrs[idx] = self.space.pop_ids(r, idx.size)
+                if not tp:
+                    tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
+                g_counts[r] = int(tok_gpu[idx].sum())
+                ci = idx[~tok_gpu[idx]]
+                places[ci] = self.cpu.free[r].pop(ci.size)
+                self.pending_d2h[r] += ci.size
+            gi = by_rank[tok_gpu[by_rank]]  # GPU tokens grouped by rank, like select_first's output
         gidx, _ = self.gpu.take_free(be, g_counts)
         places[gi] = self.gpu.places(gidx)
         self.gpu.num_free -= g_counts
