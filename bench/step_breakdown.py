@@ -121,7 +121,7 @@ def main(argv=None) -> int:
             for k, v in sorted(acc.items(), key=lambda x: -x[1])}
     summary = split(acc, steps)
     print(f"total {total:.2f} CPU-s, {steps} steps, load {load[0]:.1f}; per step: "
-          + ", ".join(f"{k} {v} us" for k, v in summary.items()))
+          + ", ".join(f"{k} {v}" + ("" if k.endswith("_s") else " us") for k, v in summary.items()))
     for k, v in rows.items():
         print(f"{k:40s} {v['cpu_s']:8.2f} s {v['us_per_step']:8d} us/step")
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
