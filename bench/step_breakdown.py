@@ -82,10 +82,10 @@ def instrument(acc: dict) -> None:
 
 
 def split(acc: dict, steps: int) -> dict:
-    """Per decode step (us): the step in all; the library's calls from it (access, commit, alloc_many of the accepted
-    tokens); of those, the facade's own share (UlaCache minus the policy's and TP buffers' steps); the rest of the
-    step (the simulator). The pilot's cache copies (UlaCache.clone, made in its first step) are set-up like the
-    admissions' allocations they replace: left out of the step and reported in seconds."""
+    """Per decode step (us): the step in all; the library's calls from it (access, commit, alloc_many of the
+    accepted tokens); of those, the facade's own share (UlaCache minus the policy's and TP buffers' steps); the rest
+    of the step (the simulator). Pilot cache copies (UlaCache.clone, in a tree that has it, made in the first step)
+    are set-up like the admissions' allocations they replace: left out of the step, reported in seconds."""
     lib = sum(acc.get(f"UlaCache.{n}", 0.0) for n in LIBRARY)
     inner = sum(v for k, v in acc.items() if k.split(".")[0] in ("ExclusivePolicy", "HiSparsePolicy", "LocalBuffers")
                 and not k.endswith("(admit)"))

@@ -217,7 +217,7 @@ class PolicyRunner:
         self.bound = getattr(make_cache, "bound", None)
         self.ks = self._stride(self.k)
         self.stride = cfg.fidelity.step_stride
-        self.caches = self._build_caches()
+        self.caches = {g: make_cache(g, self.k) for g in self.groups}
         self.tables = self._tables()
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
         self.sampled_per_space: dict[int, int] = {}
@@ -273,26 +273,6 @@ class PolicyRunner:
         """The effective stride pools are scaled by at nominal stride k (`RunBound.stride`; k without a bound)."""
         return float(k) if self.bound is None else self.bound.stride(k)
 
-    def _build_caches(self) -> dict:
-        """The simulated groups' caches. With the simulator's factory (`make_cache.config`: the configuration is a
-        function of k alone) they all start in one state and receive the same calls until the first access, so only
-        the first group's is built and driven until then; the others are copies of it (`UlaCache.clone`) made when
-        they first differ (`_split`): a pilot's 78 caches cost one prompt allocation, not 78."""
-        lead = self.make_cache(self.groups[0], self.k)
-        self._twins = []
-        if len(self.groups) > 1 and hasattr(lead, "clone") and getattr(self.make_cache, "config", None) is not None:
-            self._twins = self.groups[1:]
-            return {self.groups[0]: lead}
-        return {self.groups[0]: lead, **{g: self.make_cache(g, self.k) for g in self.groups[1:]}}
-
-    def _split(self) -> None:
-        """Give every group its own cache (copies of the first group's, which holds the state they share)."""
-        if self._twins:
-            lead = self.caches[self.groups[0]]
-            made = {g: lead.clone() for g in self._twins}
-            self._twins = []
-            self.caches = {g: self.caches[g] if g in self.caches else made[g] for g in self.groups}
-
     def _table(self, cache) -> AddressTable:
         size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
         return AddressTable(self.max_request_tokens, np.int32 if size < 2**31 - 1 else np.int64)
@@ -316,12 +296,11 @@ class PolicyRunner:
         self.tables.next_round()
         for g, cache in self.caches.items():
             addrs = cache.alloc(rid, int(num_tokens), rank=rank)
+            self.tables.add(g, rid, addrs)
             tier, where, _ = cache.locate(addrs)
             n_ranks = cache.config.num_ranks
             cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
-            for gg in [g] + (self._twins if g == self.groups[0] else []):  # twins: the same call, the same result
-                self.tables.add(gg, rid, addrs)
-                self.prompt_cpu_rows[gg] = self.prompt_cpu_rows.get(gg, 0) + cpu
+            self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
             if g == self.groups[0] and count_prompt:
                 self.prompt_rows += float(cpu.sum()) * self.ks  # one layer's rows, scaled to all requests
                 self.prompt_rows_own += float(cpu.sum())  # the sampled requests' own (the prefill shares it out)
@@ -332,7 +311,6 @@ class PolicyRunner:
         keep = [(r, int(c)) for r, c in zip(rids, counts) if r in self.sampled and c > 0]
         if not keep:
             return
-        self._split()
         ids = [r for r, _ in keep]
         cnt = np.array([c for _, c in keep], dtype=np.int64)
         ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
@@ -355,7 +333,6 @@ class PolicyRunner:
     def release(self, rid: int):
         if self.sampled.pop(rid, None) is None:
             return
-        self._split()
         self.sampled_per_space[self.space_of.pop(rid)] -= 1
         for g, cache in self.caches.items():
             cache.free(rid)
@@ -373,7 +350,6 @@ class PolicyRunner:
         sel_idx = [i for i, r in enumerate(rids) if r in sampled]
         if not sel_idx:
             return self.last
-        self._split()
         if len(sel_idx) == len(rids):  # every running request is simulated (batch 1, full fidelity)
             sids, s_hist, s_steps = rids, hist, steps
         else:
@@ -460,7 +436,7 @@ class PolicyRunner:
         self.ks = self._stride(self.k)
         self.caches, self.tables = {}, None  # the pilot's caches go before the new ones are built
         release_memory()
-        self.caches = self._build_caches()
+        self.caches = {g: self.make_cache(g, self.k) for g in self.groups}
         self.tables = self._tables()
         self.sampled, self.sampled_per_space, self.space_of = {}, {}, {}
         self.prompt_cpu_rows = {}
@@ -475,7 +451,6 @@ class PolicyRunner:
         """Replay the pilot's steps (the requests sampled now that ran then) on the rebuilt caches, uncounted."""
         num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
         splits = self.capacity_splits
-        self._split()
         for rids, hist, steps, q in self.pilot_log:
             idx = [i for i, r in enumerate(rids) if r in self.sampled]
             if not idx:

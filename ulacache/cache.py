@@ -7,7 +7,6 @@ and `read` return the old, valid places, and allocation, free, write and another
 """
 from __future__ import annotations
 
-import copy
 from collections import Counter
 
 import numpy as np
@@ -130,13 +129,6 @@ class UlaCache:
         if not 0 <= r < self.config.num_ranks:
             raise ValueError(f"{what} {r} out of range: num_ranks is {self.config.num_ranks}")
         return r
-
-    def clone(self) -> UlaCache:
-        """An independent cache in this one's exact state (allocations, mapping, recency, statistics): what the same
-        calls would have built, for the cost of a copy (a simulator replicating one state over many caches).
-        Refused while a plan is pending."""
-        self._idle("clone")
-        return copy.deepcopy(self, {id(self.be): self.be})  # the backend is stateless and shared
 
     # -- allocation ----------------------------------------------------------------------------------------------------
     def alloc(self, request_id: int, num_tokens: int, rank: int = 0) -> np.ndarray:
