@@ -1,10 +1,12 @@
-"""The pinned-keys ulacache TP replay (DESIGN §8 keys, 8xH200 TP, glm-5, pb-lru, CPU storage, 24 requests) before and
-after a change to the TP local buffers' victim selection: CPU-s of each (child rusage), and whether every metric that
-does not measure the host (wall clock, resident memory) is identical.
+"""ulacache TP replays (DESIGN §8 keys: 8 GPUs TP, glm-5, pb-lru, CPU storage, no draft tokens) before and after a
+change to the TP local buffers: CPU-s of each (child rusage), and whether every metric that does not measure the host
+(wall clock, resident memory) is identical. Cases: pinned-<preset> (24 requests at concurrency 24) and
+batch1-<preset> (4 requests at concurrency 1), preset h200 or b300.
 
-Usage: python bench/tplru_bench.py --before-tree DIR [--after-tree DIR] [--out bench/results/tplru.json]
+Usage: python bench/tplru_bench.py --before-tree DIR [--after-tree DIR] [--cases pinned-h200,batch1-b300]
+       [--note TEXT] [--out bench/results/tplru.json]
 Each tree is a checkout of this repository (imported through PYTHONPATH); the replays run one after the other, each
-in a fresh interpreter under a 6 GB address-space cap.
+in a fresh interpreter under a 6 GB address-space cap. The file's previous record is kept under "earlier".
 """
 from __future__ import annotations
 
@@ -23,13 +25,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """system: ulacache
 attention: tp
-hardware: {preset: h200, num_gpus: 8}
-model: {preset: glm-5}
+hardware: {{preset: {preset}, num_gpus: 8}}
+model: {{preset: glm-5}}
 policy: pb-lru
 cpu_storage: true
-spec: {draft_tokens: 0}
-workload: {num_requests: 24, max_concurrency: 24, seed: 1}
+spec: {{draft_tokens: 0}}
+workload: {workload}
 """
+WORKLOADS = {"pinned": "{num_requests: 24, max_concurrency: 24, seed: 1}",
+             "batch1": "{num_requests: 4, max_concurrency: 1, seed: 1}"}
+
+
+def case_config(case: str) -> str:
+    """The replay config of a case `pinned-h200` / `batch1-b300` (workload-preset)."""
+    workload, _, preset = case.partition("-")
+    if workload not in WORKLOADS or preset not in ("h200", "b300"):
+        raise SystemExit(f"tplru_bench: error: unknown case {case!r} (pinned|batch1 - h200|b300)")
+    return CONFIG.format(preset=preset, workload=WORKLOADS[workload])
 HOST_METRICS = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "est_peak_memory_bytes",
                 "peak_rss_bytes"}  # measure this machine, not the simulation
 AS_LIMIT_BYTES = 6_000_000_000
@@ -62,27 +74,36 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before-tree", type=Path, required=True)
     ap.add_argument("--after-tree", type=Path, default=ROOT)
+    ap.add_argument("--cases", default="pinned-h200")
+    ap.add_argument("--note", default="")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tplru.json")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "pinned_tp.yaml"
-        config.write_text(CONFIG)
-        runs = {name: replay(tree.resolve(), config, Path(tmp) / name)
-                for name, tree in (("before", args.before_tree), ("after", args.after_tree))}
-    sim_metrics = [{k: v for k, v in r["metrics"].items() if k not in HOST_METRICS} for r in runs.values()]
-    same = bool(sim_metrics[0]) and sim_metrics[0] == sim_metrics[1]
-    diff = sorted(k for k in set(sim_metrics[0]) | set(sim_metrics[1]) if sim_metrics[0].get(k) != sim_metrics[1].get(k))
-    for r in runs.values():
-        r["metrics"] = {k: r["metrics"].get(k) for k in ("decode_steps", "gpu_hit_rate", "tpot_ms_mean", "max_admitted_concurrency")
-                        if k in r["metrics"]}
+    configs = {case: case_config(case) for case in args.cases.split(",")}
+    cases = {}
+    for case, text in configs.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            config = Path(tmp) / f"{case}.yaml"
+            config.write_text(text)
+            runs = {name: replay(tree.resolve(), config, Path(tmp) / name)
+                    for name, tree in (("before", args.before_tree), ("after", args.after_tree))}
+        sim_metrics = [{k: v for k, v in r["metrics"].items() if k not in HOST_METRICS} for r in runs.values()]
+        same = bool(sim_metrics[0]) and sim_metrics[0] == sim_metrics[1]
+        diff = sorted(k for k in set(sim_metrics[0]) | set(sim_metrics[1]) if sim_metrics[0].get(k) != sim_metrics[1].get(k))
+        for r in runs.values():
+            r["metrics"] = {k: r["metrics"].get(k) for k in ("decode_steps", "gpu_hit_rate", "tpot_ms_mean",
+                                                             "max_admitted_concurrency") if k in r["metrics"]}
+        cases[case] = {"config": text, "runs": runs, "metrics_identical": same, "metrics_differing": diff}
+        print(f"{case}: before {runs['before']['cpu_s']} CPU-s -> after {runs['after']['cpu_s']} CPU-s; "
+              f"metrics identical: {same} {diff if diff else ''}", flush=True)
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([Path(sys.executable).name, *sys.argv]), "config": CONFIG,
+              "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
-              "runs": runs, "metrics_identical": same, "metrics_differing": diff,
-              "ignored_host_metrics": sorted(HOST_METRICS)}
+              "cases": cases, "ignored_host_metrics": sorted(HOST_METRICS)}
+    if args.note:
+        record["note"] = args.note
+    if args.out.is_file():
+        record["earlier"] = json.loads(args.out.read_text())
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"before {runs['before']['cpu_s']} CPU-s -> after {runs['after']['cpu_s']} CPU-s; "
-          f"metrics identical: {same} {diff if diff else ''}")
     return 0
 
 
