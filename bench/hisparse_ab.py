@@ -1,0 +1,97 @@
+"""HiSparse replays of issue 10 for two commits, alternating: bench/scale_bench.py's own runs (batch1: 4 requests at
+concurrency 1, draft 0 / 4, dp / tp, h200 / b300; pinned: 24 requests at 24), each replay in a fresh process of the
+commit's tree (`git archive` into a temporary directory), CPU-s (user + sys) and peak RSS from wait4, wall, load.
+
+Usage: python bench/hisparse_ab.py BEFORE AFTER OUT.json [--sections batch1,pinned] [--repeats N] [--filter S]
+Runs alternate before / after per replay (load drifts alike on both); writes every run, the best CPU-s per replay and
+tree, and whether the two trees' metrics agree (wall-clock and memory figures aside), with date, command, commits,
+machine and load.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = {  # the labels scale_bench gives hisparse's replays
+    "batch1": [f"hisparse-{att}-{hw}-draft{d}" for hw in ("h200", "b300") for d in (0, 4) for att in ("dp", "tp")],
+    "pinned": [f"hisparse-{att}-{hw}" for hw in ("h200", "b300") for att in ("dp", "tp")],
+}
+VOLATILE = ("sim_wall_s", "peak_rss_bytes", "est_peak_memory_bytes")  # not results of the simulation
+
+
+def export(commit: str, into: Path) -> str:
+    """The commit's tree unpacked into `into`; returns the full commit id."""
+    full = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", full.strip()], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return full.strip()
+
+
+def replay(tree: Path, section: str, label: str, scratch: Path) -> dict:
+    """One scale_bench replay run by the tree's own bench script (its library, its simulator)."""
+    out = scratch / "one.json"
+    out.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "bench/scale_bench.py", "--only", section, "--filter", label, "--out", str(out)],
+                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True, capture_output=True)
+    row = json.loads(out.read_text())["sections"][section]["runs"][label]
+    keep = ("status", "cpu_s", "wall_s", "peak_rss_gb", "load_avg_before", "load_avg_after", "metrics")
+    return {k: row.get(k) for k in keep}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("out")
+    ap.add_argument("--sections", default="batch1,pinned")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--filter", default="", help="only replays whose label contains this")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hisparse_ab_") as tmp:
+        tmp = Path(tmp)
+        trees = {name: tmp / name for name in ("before", "after")}
+        commits = {name: export(getattr(args, name), path) for name, path in trees.items()}
+        runs = []
+        for section in args.sections.split(","):
+            for label in (x for x in SECTIONS[section] if args.filter in x):
+                for i in range(args.repeats):
+                    for name, tree in trees.items():
+                        row = {"section": section, "label": label, "tree": name, "repeat": i,
+                               **replay(tree, section, label, tmp)}
+                        runs.append(row)
+                        print(f"{section:7s} {label:26s} {name:6s} {row['status']:>6s} {row['cpu_s'] or 0:7.2f} cpu-s "
+                              f"{row['wall_s']:7.2f} s {row['peak_rss_gb'] or 0:5.2f} GB load "
+                              f"{row['load_avg_before'][0]:.2f}", flush=True)
+    summary = {}
+    for row in runs:
+        s = summary.setdefault(row["section"], {}).setdefault(row["label"], {})
+        key = f"{row['tree']}_cpu_s_min"
+        s[key] = min(s.get(key, float("inf")), row["cpu_s"] or float("inf"))
+        rss = f"{row['tree']}_peak_rss_gb_max"
+        s[rss] = max(s.get(rss, 0.0), row["peak_rss_gb"] or 0.0)
+    for section, labels in summary.items():
+        for label, s in labels.items():
+            ms = [{k: v for k, v in (r["metrics"] or {}).items() if k not in VOLATILE}
+                  for r in runs if r["section"] == section and r["label"] == label]
+            s["metrics_identical"] = all(m == ms[0] for m in ms) and bool(ms[0])
+    result = {"bench": "hisparse_ab", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+              "load_avg_end": os.getloadavg(), "before": commits["before"], "after": commits["after"],
+              "summary": summary, "runs": runs}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
