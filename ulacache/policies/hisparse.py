@@ -39,7 +39,6 @@ class _HsState:
     miss_cell: np.ndarray  # its cell in the flat buffer-owner table
     miss_slots: np.ndarray  # its GPU place
     victims: np.ndarray  # address whose copy each miss replaces (-1 none)
-    victim_ix: np.ndarray  # its storage position (-1 none)
     miss_key: np.ndarray  # each miss's key once resident
     victim_key: object  # each victim's key once dropped (its request, no slot): array by miss, or one int
 
@@ -67,12 +66,10 @@ class HiSparsePolicy:
         self.regions = [IdStack(r * self.regions_per_rank, (r + 1) * self.regions_per_rank) for r in range(R)]
         self.regrows = RankRows(R, self.regions_per_rank, self.regions_per_rank, floor=1)  # region -> storage row
         # By region storage row: the LRU order of the D buffer slots (least recent first), the address held in each
-        # of the D + 1 slots (-1 none; slot D = the newest token), that address's storage position (re-laid with the
-        # address tables) and the GPU place of slot 0.
+        # of the D + 1 slots (-1 none; slot D = the newest token) and the GPU place of slot 0.
         slot_dtype = np.int16 if D < 2**15 - 1 else np.int32
         self.lru = np.zeros((0, D), dtype=slot_dtype)
         self.gowner = np.zeros((0, D + 1), dtype=id_dtype(self.space.size))
-        self.gix = np.zeros((0, D + 1), dtype=id_dtype(self.space.size))
         self.row_base = np.zeros(0, dtype=np.int64)
         # by address storage: key = (request index << SH) | (slot of its copy within the region + 1, 0 none), -1
         # unallocated; int32 until a request index needs more (widened then, once)
@@ -95,8 +92,6 @@ class HiSparsePolicy:
 
     def _grow_space(self, old: int) -> None:
         self.key_of = self.space.rows.relayout(self.key_of, old, -1)
-        held = self.gowner >= 0
-        self.gix[held] = self.space.index(self.gowner[held].astype(np.int64))
 
     def _grow_regions(self, region: int) -> None:
         """Storage rows up to a newly claimed region (LRU orders, owners, bases); live requests' rows re-mapped."""
@@ -107,7 +102,6 @@ class HiSparsePolicy:
         self.lru = self.regrows.relayout(self.lru, old, 0)
         self.lru.reshape(self.R, self.regrows.cap, self.D)[:, old:] = np.arange(self.D, dtype=self.lru.dtype)
         self.gowner = self.regrows.relayout(self.gowner, old, -1)
-        self.gix = self.regrows.relayout(self.gix, old, -1)
         self.row_base = self.region_base(self.regrows.ids(np.arange(self.lru.shape[0], dtype=np.int64)))
         live = np.flatnonzero(self.region_of >= 0)
         self.row_of[live] = self.regrows.index(self.region_of[live])
@@ -228,7 +222,7 @@ class HiSparsePolicy:
         if c > 1:
             self.key_of[aix] = qk  # new tokens hold no copy (but those the fill or the newest slot gives one)
         if old_len > D:  # history past its buffer (decode): the previous newest just drops out
-            self.key_of[self.gix[row, D]] = qk
+            self.key_of[space.index(self.gowner[row, D:])] = qk
             self.lrow_of[q] = row
         else:
             one = np.array([q], dtype=np.int64)
@@ -236,7 +230,7 @@ class HiSparsePolicy:
                                np.array([old_newest]), np.array([qk], dtype=np.int64))
             self.lrow_of[q] = row if old_len + c > D + 1 else -1
         self.key_of[aix[-1]] = qk + D + 1
-        self.gowner[row, D], self.gix[row, D] = addrs[-1], aix[-1]
+        self.gowner[row, D] = addrs[-1]
         self.newest[q] = addrs[-1]
         self.hist_len[q] = old_len + c
         return addrs
@@ -275,7 +269,7 @@ class HiSparsePolicy:
         row = int(self.regrows.index(np.array([region]))[0])
         self.region_of[q], self.row_of[q], self.lrow_of[q] = region, row, -1
         self.lru[row] = np.arange(self.D, dtype=self.lru.dtype)
-        self.gowner[row] = self.gix[row] = -1
+        self.gowner[row] = -1
 
     def _place_new(self, q: np.ndarray, cnt: np.ndarray, first: np.ndarray, addrs: np.ndarray) -> None:
         """Residency (the fast-path layout): the previous newest token and every new token but the last take LRU
@@ -293,9 +287,8 @@ class HiSparsePolicy:
         else:
             self._fill_buffers(q, cnt, first, addrs, old_len, rows, old_newest, qk)
             self.lrow_of[q] = np.where(new_len > D + 1, rows, -1)
-        last_ix = ix(last)
-        self.key_of[last_ix] = qk + D + 1
-        self._hold(rows * (D + 1) + D, last, last_ix)
+        self.key_of[ix(last)] = qk + D + 1
+        self.gowner.reshape(-1)[rows * (D + 1) + D] = last
         self.newest[q] = last
         self.hist_len[q] = new_len
 
@@ -310,7 +303,7 @@ class HiSparsePolicy:
             if keep.size:
                 k_addr, k_slot, k_row = p_addr[keep], p_slot[keep], rows[prev[keep]]
                 self.alloc_moves = (self.resident_places(k_addr), self.row_base[k_row] + k_slot)
-                self._hold(k_row * (D + 1) + k_slot, k_addr, ix(k_addr))
+                self.gowner.reshape(-1)[k_row * (D + 1) + k_slot] = k_addr
             self.key_of[ix(p_addr)] = qk[prev] + np.where(p_slot < D, p_slot + 1, 0)
         fill = np.minimum(old_len + cnt - 1, D) - old_len  # new tokens (not the last) that take LRU slots
         if (fill > 0).any():
@@ -318,14 +311,8 @@ class HiSparsePolicy:
             rep = np.repeat(np.arange(q.size), fill)
             j = np.arange(rep.size) - np.repeat(np.cumsum(fill) - fill, fill)
             t_addr, t_slot = addrs[first[rep] + j], old_len[rep] + j
-            t_ix = ix(t_addr)
-            self.key_of[t_ix] = qk[rep] + t_slot + 1
-            self._hold(rows[rep] * (D + 1) + t_slot, t_addr, t_ix)
-
-    def _hold(self, cells: np.ndarray, addrs: np.ndarray, ix: np.ndarray) -> None:
-        """Buffer cells (row * (D + 1) + slot) now hold these addresses (storage positions ix)."""
-        self.gowner.reshape(-1)[cells] = addrs
-        self.gix.reshape(-1)[cells] = ix
+            self.key_of[ix(t_addr)] = qk[rep] + t_slot + 1
+            self.gowner.reshape(-1)[rows[rep] * (D + 1) + t_slot] = t_addr
 
     # -- access --------------------------------------------------------------------------------------------------------
     def access(self, plan: Plan, places: np.ndarray) -> None:
@@ -335,7 +322,7 @@ class HiSparsePolicy:
         uniq = plan.addrs
         uix = space.index(uniq)
         key = be.to_numpy(be.gather(be.asarray(self.key_of), be.asarray(uix)))  # request << SH | slot + 1
-        if uniq.size:
+        if uniq.size and int(key[0]) >> self.SH == int(key[-1]) >> self.SH:  # maybe one request's tokens
             q = int(key.min()) >> self.SH
             if q == int(key.max()) >> self.SH:  # one request's tokens (batch size 1)
                 return self._access_one(plan, places, uix, key, q)
@@ -373,7 +360,7 @@ class HiSparsePolicy:
             st.miss_addrs, st.miss_ix, move_src = uniq.take(perm), uix.take(perm), places.take(perm)
             st.miss_cell = mrow * (D + 1) + st.miss_local
             st.miss_slots = self.row_base.take(mrow) + st.miss_local
-            st.victims, st.victim_ix = self.gowner.reshape(-1).take(st.miss_cell), self.gix.reshape(-1).take(st.miss_cell)
+            st.victims = self.gowner.reshape(-1).take(st.miss_cell)
             st.victim_key = key.take(perm)  # a miss's key has no slot: its request's; its victim is of that request
             st.miss_key = st.victim_key + st.miss_local + 1
         h2d = np.bincount(self.space.home(st.miss_addrs), minlength=self.R).astype(np.int64)
@@ -398,21 +385,18 @@ class HiSparsePolicy:
             return self._finish(plan, st, np.zeros(self.R, np.int64), places[:0])
         if m + h > D:
             self._too_many(m + h)
-        st = self._empty_state(np.array([row], dtype=np.int64), uniq)
         order = self.lru[row]  # slots, least recent first
         if h:
             hit = flag.take(order)  # by LRU position
             ev, hs = order.compress(~hit), order.compress(hit)  # evictable / hit slots, in LRU order
         else:
             ev, hs = order, order[:0]
-        st.new_order = np.concatenate((ev[m:], ev[:m][::-1], hs))
-        taken = st.new_order[D - h - m:D - h][::-1]  # the slots the misses take (a view of the new order)
-        st.miss_local = taken
-        st.miss_addrs, st.miss_ix, move_src = uniq.take(miss_idx), uix.take(miss_idx), places.take(miss_idx)
-        st.miss_cell = np.add(taken, row * (D + 1), dtype=np.int64)
-        st.miss_slots = np.add(taken, int(self.row_base[row]), dtype=np.int64)
-        st.victims, st.victim_ix = self.gowner[row].take(taken), self.gix[row].take(taken)
-        st.victim_key, st.miss_key = qk, np.add(taken, qk + 1, dtype=key.dtype)
+        new_order = np.concatenate((ev[m:], ev[:m][::-1], hs))
+        taken = new_order[D - h - m:D - h][::-1]  # the slots the misses take (a view of the new order)
+        st = _HsState(np.array([row], dtype=np.int64), new_order, uniq.take(miss_idx), uix.take(miss_idx), taken,
+                      np.add(taken, row * (D + 1), dtype=np.int64), np.add(taken, int(self.row_base[row]), dtype=np.int64),
+                      self.gowner[row].take(taken), np.add(taken, qk + 1, dtype=key.dtype), qk)
+        move_src = places.take(miss_idx)
         h2d = np.zeros(self.R, np.int64)
         if m:
             h2d[int(self.space.home(uniq[0]))] = m  # a request's tokens share its home rank
@@ -421,7 +405,7 @@ class HiSparsePolicy:
     @staticmethod
     def _empty_state(rows: np.ndarray, uniq: np.ndarray) -> _HsState:
         z = np.zeros(0, np.int64)
-        return _HsState(rows, z, uniq[:0], z, z, z, z, z, z, z, 0)
+        return _HsState(rows, z, uniq[:0], z, z, z, z, z, z, 0)
 
     def _too_many(self, n: int) -> None:
         raise CapacityError(
@@ -468,14 +452,14 @@ class HiSparsePolicy:
                 self.lru[int(st.rows[0])] = st.new_order
             else:
                 self.lru[st.rows] = st.new_order.reshape(st.rows.size, self.D)
-            v, vk = st.victim_ix, st.victim_key
+            v, vk = st.victims, st.victim_key
             if v.size and int(v.min()) < 0:  # empty slots taken: no copy dropped there
                 held = v >= 0
                 v, vk = v[held], (vk if isinstance(vk, int) else vk[held])
             if v.size:
-                self.key_of[v] = vk  # the victims' copies dropped
+                self.key_of[self.space.index(v)] = vk  # the victims' copies dropped
             self.key_of[st.miss_ix] = st.miss_key
-            self._hold(st.miss_cell, st.miss_addrs, st.miss_ix)
+            self.gowner.reshape(-1)[st.miss_cell] = st.miss_addrs
         self.pending_d2h[:] = 0
         self.step = plan.now
 
@@ -487,7 +471,7 @@ class HiSparsePolicy:
         q = req.index
         region, row = int(self.region_of[q]), int(self.row_of[q])
         self.key_of[space.index(addrs)] = -1
-        self.gowner[row] = self.gix[row] = -1
+        self.gowner[row] = -1
         self.lru[row] = np.arange(self.D, dtype=self.lru.dtype)
         self.regions[region // self.regions_per_rank].push(np.array([region], dtype=np.int64))
         self.region_of[q] = self.row_of[q] = self.lrow_of[q] = -1
@@ -522,9 +506,6 @@ class HiSparsePolicy:
         require((row >= 0).all(), "a copy of a request without a device buffer")
         require((self.gowner[row, s1[rix] - 1] == res).all(), "device buffer owner disagrees with residency")
         require(int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address")
-        held = self.gowner >= 0
-        require((self.gix[held] == space.index(self.gowner[held].astype(np.int64))).all() and (self.gix[~held] == -1).all(),
-                "a buffer cell's storage position is stale")
         used = np.flatnonzero(self.region_of >= 0)
         require(np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer")
         require((self.row_of[used] == self.regrows.index(self.region_of[used])).all(), "a buffer's storage row is stale")
