@@ -3,7 +3,8 @@
 What grows with a replay (each figure from what it will simulate, not from the hardware budgets):
 - library caches: one per simulated indexer group (all groups during a pilot), each holding at most the history the
   run can hold at once (`RunBound`). A cache's cost is *probed*: a cache of the run's configuration is built and
-  given tokens under tracemalloc for both extreme placements of the phase's history: all in one space (DP: storage
+  given tokens under tracemalloc (plus the library's re-laid tables, which live in mappings tracemalloc does not
+  see: `_held`, counted in full though untouched zero pages cost nothing) for both extreme placements of the phase's history: all in one space (DP: storage
   kept in rows as long as the fullest rank's then costs every rank's row) and spread evenly over the spaces (storage
   kept per rank then costs every rank's); the larger counts (`probe_cache`), x GROWTH for storage that grows by
   doubling. TP local buffers add their copies (`copies_held`: every rank's buffer full, a pilot's at most what its
@@ -24,6 +25,7 @@ resident set) and an address-space rlimit (less what the process maps beyond its
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import resource
 import tracemalloc
@@ -79,7 +81,9 @@ def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
 
 @contextlib.contextmanager
 def _traced():
-    """tracemalloc on for the block (left as found: a caller that already traces keeps tracing)."""
+    """tracemalloc on for the block (left as found: a caller that already traces keeps tracing). Garbage is collected
+    first: caches left in reference cycles would otherwise release their tables in the middle of a probe."""
+    gc.collect()
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
         tracemalloc.start()
@@ -88,6 +92,14 @@ def _traced():
     finally:
         if not was_tracing:
             tracemalloc.stop()
+
+
+def _held() -> int:
+    """Bytes the process holds that the probes count: numpy's allocations (tracemalloc) plus the library's re-laid
+    tables, which live in mappings of their own that tracemalloc does not see (ulacache.pools.mapped_bytes)."""
+    from ulacache.pools import mapped_bytes
+
+    return tracemalloc.get_traced_memory()[0] + mapped_bytes()
 
 
 def _memo(make_cache, name: str) -> dict:
@@ -105,12 +117,13 @@ def _one_request(make_cache, k: int):
 
 def _probe_fill(make_cache, k: int, counts: list[int]) -> tuple[float, float]:
     """(bytes when built, bytes added by allocating counts[r] tokens on rank r)."""
-    base = tracemalloc.get_traced_memory()[0]
+    base = _held()
     cache = make_cache(0, k)
-    built = tracemalloc.get_traced_memory()[0]
+    built = _held()
     cache.alloc_many(list(range(len(counts))), np.array(counts, dtype=np.int64), np.arange(len(counts)))
-    filled = tracemalloc.get_traced_memory()[0]
+    filled = _held()
     del cache
+    gc.collect()  # its tables go now, not in the middle of the next probe
     return float(built - base), float(filled - built)
 
 
@@ -160,7 +173,7 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
         slots = c.effective_local_buffer_slots if c.mode == "tp" and c.policy != "hisparse" else 0
         per_copy = per_ref = 0.0
         addrs = cache.request_addresses(0)
-        before = tracemalloc.get_traced_memory()[0]
+        before = _held()
         batch, lo, fetched, plan = max(1, min(n, slots or n, c.gpu_slots)), 0, 0, None
         if batch:
             while lo < n and (fetched < c.num_ranks * slots or plan is None):
@@ -175,12 +188,12 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
                 fetched += int(plan.num_peer_fetches)
                 lo += batch
             del plan
-            filled = tracemalloc.get_traced_memory()[0]
+            filled = _held()
             try:
                 cache.commit(cache.access(addrs[:1].reshape(1, 1, 1)))
             except CapacityError:
                 pass
-            settled = tracemalloc.get_traced_memory()[0]
+            settled = _held()
             held = min(fetched, c.num_ranks * slots)
             per_copy = max(settled - before, 0) / held if held else 0.0
             per_ref = max(filled - settled, 0) / batch
@@ -197,9 +210,9 @@ def probe_freed(make_cache, k: int) -> float:
         return memo[k]
     with _traced():
         cache, n = _one_request(make_cache, k)
-        filled = tracemalloc.get_traced_memory()[0]
+        filled = _held()
         cache.free(0)
-        memo[k] = out = max(tracemalloc.get_traced_memory()[0] - filled, 0) / n
+        memo[k] = out = max(_held() - filled, 0) / n
         del cache
     return out
 

@@ -118,6 +118,17 @@ class _Buffers:
 
     def __init__(self):
         self.known: dict[int, tuple] = {}  # id(flat mapping array) -> (its weak reference, the buffer's shape)
+        self.held: dict[int, int] = {}  # id(flat mapping array) -> bytes of its prefix in use (`mapped_bytes`)
+
+    def hold(self, buf: np.ndarray, view: np.ndarray) -> None:
+        """Note the bytes of `buf`'s prefix in use (`view`) once a re-layout is done."""
+        if buf.base is not None and id(buf.base) in self.known:
+            self.held[id(buf.base)] = view.nbytes
+
+    def _forget(self, ref, key: int) -> None:
+        if self.known.get(key, (None,))[0] is ref:
+            self.known.pop(key)
+            self.held.pop(key, None)
 
     def room(self, arr: np.ndarray, n: int, axis: int):
         """(buffer, length written along `axis`) when `arr` is a prefix view of a buffer made here with room for n."""
@@ -144,12 +155,17 @@ class _Buffers:
         mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         flat = np.frombuffer(mem, dtype=arr.dtype)  # views of it name it as their base
         key = id(flat)
-        self.known[key] = (weakref.ref(flat, lambda r, k=key: self.known.get(k, (None,))[0] is r and self.known.pop(k)),
-                           tuple(shape))
+        self.known[key] = (weakref.ref(flat, lambda r, k=key: self._forget(r, k)), tuple(shape))
         return flat.reshape(shape), 0
 
 
 _BUFFERS = _Buffers()
+
+
+def mapped_bytes() -> int:
+    """Bytes of the re-laid tables in use (their buffers' prefixes), all live buffers of the process: the library's
+    storage outside numpy's allocator (tracemalloc does not see mappings; sim/footprint's probes add this)."""
+    return sum(_BUFFERS.held.values())
 
 
 def _prefix(buf: np.ndarray, n: int, axis: int) -> np.ndarray:
@@ -216,7 +232,9 @@ def _relayout(arr: np.ndarray, olds: list[int], oleft: list[int], news: list[int
                 buf[lo:hi] = fill
             else:
                 buf[..., lo:hi] = fill
-    return _prefix(buf, total, axis)
+    out = _prefix(buf, total, axis)
+    _BUFFERS.hold(buf, out)
+    return out
 
 
 class RankRows:
@@ -278,7 +296,6 @@ class RaggedRows:
         self.caps = np.zeros(num_ranks, dtype=np.int64)
         self.offs = np.zeros(num_ranks + 1, dtype=np.int64)
         self._shift = np.zeros(num_ranks, dtype=np.int64)  # offs[r] - r * stride
-        self._cuts = self.offs[1:-1]
 
     @property
     def size(self) -> int:
@@ -564,4 +581,4 @@ class CpuPools:
             self.free[r].push(places[ranks == r])
 
 
-__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "id_dtype", "Pool", "merge_by_rank", "RaggedRows", "RankRows", "pack_summary", "pad64"]
+__all__ = ["CpuPools", "GROW_FLOOR", "IdStack", "id_dtype", "mapped_bytes", "Pool", "merge_by_rank", "RaggedRows", "RankRows", "pack_summary", "pad64"]
