@@ -54,13 +54,13 @@ class Request:
 
 
 class AddressSpace:
-    """Logical ids per home rank, the address -> place table and the address -> request table.
+    """Logical ids per home rank and the address -> place table (requests keep their own address runs).
 
     The tables hold rows only for the ids handed out (RaggedRows: rank r's addresses in row r, each row grown on
     its own), so a space of billions of addresses costs nothing until it is used. `index(addrs)` gives the storage
     position of addresses; storage order is address order. Listeners get the old layout to re-lay their tables."""
 
-    def __init__(self, num_ranks: int, slots_per_rank: int, num_places: int, track_requests: bool = False):
+    def __init__(self, num_ranks: int, slots_per_rank: int, num_places: int):
         self.num_ranks = num_ranks
         self.slots_per_rank = slots_per_rank
         self.size = num_ranks * slots_per_rank
@@ -69,9 +69,6 @@ class AddressSpace:
         self.id_dtype = id_dtype(self.size)  # addresses kept in requests' lists
         self.rows = RaggedRows(num_ranks, slots_per_rank, slots_per_rank)
         self.table = np.zeros(0, dtype=self.place_dtype)  # place of each address in storage, -1 unallocated
-        # address -> request index, only for a policy that reads it (hisparse): 2-4 bytes per address otherwise unused
-        # (int16 until a request index needs more: widened then, once)
-        self.req_of = np.zeros(0, dtype=np.int16) if track_requests else None
         self.ids = [IdStack(r * slots_per_rank, (r + 1) * slots_per_rank) for r in range(num_ranks)]
         self.requests: dict[int, Request] = {}
         self._next_index = 0
@@ -108,8 +105,6 @@ class AddressSpace:
         if old is None:
             return
         self.table = self.rows.relayout(self.table, old, -1)
-        if self.req_of is not None:
-            self.req_of = self.rows.relayout(self.req_of, old, -1)
         for grow in self.listeners:
             grow(old)
 
@@ -154,10 +149,6 @@ class AddressSpace:
         if request_id not in self.requests:
             self.requests[request_id] = req
         req.append(addrs, self.id_dtype)
-        if self.req_of is not None:
-            if req.index > np.iinfo(self.req_of.dtype).max:
-                self.req_of = self.req_of.astype(np.int64 if req.index > 2**31 - 2 else np.int32)
-            self.req_of[self.index(addrs)] = req.index
         self.num_allocated += addrs.size
 
     def release(self, request_id: int) -> np.ndarray:
@@ -166,8 +157,6 @@ class AddressSpace:
         addrs = req.addresses()
         ix = self.index(addrs)
         self.table[ix] = -1
-        if self.req_of is not None:
-            self.req_of[ix] = -1
         homes = self.home(addrs)
         for r in np.unique(homes).tolist():  # loop over ranks
             self.ids[r].push(addrs[homes == r])
