@@ -281,9 +281,7 @@ class UlaCache:
 
     def _count_transfers(self, plan: Plan) -> None:
         s, rb = self._stats, self._row_bytes
-        for key, per_rank in (("h2d", plan.h2d_rows_per_rank), ("d2h", plan.d2h_rows_per_rank),
-                              ("peer", plan.peer_rows_per_rank)):
-            rows = int(per_rank.sum())  # Plan.<link>_rows
+        for key, rows in (("h2d", plan.h2d_rows), ("d2h", plan.d2h_rows), ("peer", plan.peer_rows)):
             s[key + "_rows"] += rows
             s[key + "_bytes"] += rows * rb
 
