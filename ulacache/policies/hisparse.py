@@ -27,6 +27,7 @@ from ..address_space import AddressSpace
 from ..errors import CapacityError, require
 from ..plan import Plan
 from ..pools import CpuPools, IdStack, RankRows, id_dtype, pad64
+from .hisparse_checks import check_hisparse
 
 
 @dataclass
@@ -482,44 +483,7 @@ class HiSparsePolicy:
 
     # -- checks --------------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        space, cfg, D = self.space, self.cfg, self.D
-        alloc = space.allocated()
-        places = space.places(alloc).astype(np.int64)
-        require(alloc.size == space.num_allocated, "allocated count drifted")
-        require(np.unique(places).size == places.size, "a CPU place is claimed by two logical addresses")
-        require((places >= self.num_gpu_places).all() and (places < self.num_places).all(), "hisparse entry not on CPU")
-        require((self.cpu.rank_of(places) == space.home(alloc)).all(), "CPU entry outside its home rank")
-        ccount = np.bincount(self.cpu.rank_of(places), minlength=self.R)
-        require((self.cpu.num_free() + ccount == cfg.cpu_slots).all(), "CPU free count not conserved")
-        key = self.key_of.astype(np.int64)
-        require(int((key >= 0).sum()) == alloc.size and (key[space.index(alloc)] >= 0).all(),
-                "an address's key disagrees with its allocation")
-        for req in space.requests.values():  # loop over requests (a check)
-            own = key[space.index(req.addresses())] >> self.SH
-            require((own == req.index).all(), "an address's key names another request")
-        s1 = np.where(key >= 0, key & self.MASK, 0)
-        require((s1 <= D + 1).all(), "a copy sits outside its request's device buffer")
-        rix = np.flatnonzero(s1 > 0)
-        res = space.rows.ids(rix)
-        require((space.places(res) >= 0).all(), "a freed address is still resident")
-        row = self.row_of[key[rix] >> self.SH]
-        require((row >= 0).all(), "a copy of a request without a device buffer")
-        require((self.gowner[row, s1[rix] - 1] == res).all(), "device buffer owner disagrees with residency")
-        require(int((self.gowner >= 0).sum()) == res.size, "device buffer slot owned by a non-resident address")
-        used = np.flatnonzero(self.region_of >= 0)
-        require(np.unique(self.region_of[used]).size == used.size, "two requests share a device buffer")
-        require((self.row_of[used] == self.regrows.index(self.region_of[used])).all(), "a buffer's storage row is stale")
-        lrow = np.where(self.hist_len[used] > D + 1, self.row_of[used], -1)
-        require((self.lrow_of[used] == lrow).all(), "a request's LRU-update flag disagrees with its history")
-        all_rows = np.arange(self.lru.shape[0], dtype=np.int64)
-        require((self.row_base == self.region_base(self.regrows.ids(all_rows))).all(), "a buffer's base is stale")
-        nregions = sum(len(s) for s in self.regions) + used.size
-        require(nregions == self.R * self.regions_per_rank, "device buffers not conserved")
-        srt = np.sort(self.lru, axis=1)
-        require((srt == np.arange(D)).all(), "an LRU order is not a permutation of the buffer's slots")
-        used = used[self.hist_len[used] > 0]  # a request allocated with 0 tokens has no newest token yet
-        newest = self.newest[used]
-        require((self.resident_places(newest) == self.region_base(self.region_of[used]) + D).all(), "newest token not resident")
+        check_hisparse(self)
 
 
 __all__ = ["HiSparsePolicy"]
