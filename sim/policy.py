@@ -181,7 +181,8 @@ class AddressTable:
         self.free_rows.append(row)
 
     def lookup(self, rids: list[int], positions: np.ndarray) -> np.ndarray:
-        """positions int64[R, q, k] (-1 padding) -> logical addresses (same shape, -1 padding)."""
+        """positions int64[R, q, k] (-1 padding) -> logical addresses (same shape, -1 padding), in the table's width
+        (int32 when the cache's addresses fit: the library takes any integer width, and sorts int32 faster)."""
         positions = np.asarray(positions)
         if positions.size and positions.min() < -1:
             raise ValueError("selection positions must be >= 0 (-1 pads)")
@@ -190,7 +191,7 @@ class AddressTable:
         else:  # flat index row * width + position: -1 lands on the previous row's padding column (row 0: the last)
             rows = np.fromiter((self.row_of[r] for r in rids), dtype=np.int64, count=len(rids))
             out = self.table.take(positions + (rows * self.width)[:, None, None])
-        return out.astype(np.int64, copy=False)
+        return out
 
 
 class PolicyRunner:

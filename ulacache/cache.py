@@ -20,6 +20,10 @@ from .payload import PayloadStore
 from .plan import Plan
 from .policies import POLICIES
 
+# A numpy batch this many times shorter than the address storage is deduplicated by sorting its addresses
+# (`_translate_sorted`); a longer one by the backend's dedup over storage positions (the numpy backend's own
+# sort/marker crossover, bench/dedup_crossover.py).
+_SORT_BATCH_RATIO = 16
 STAT_KEYS = ("accesses", "replays", "references", "unique_references", "hits", "misses", "exchanges",
              "local_hits", "peer_fetches", "h2d_rows", "d2h_rows", "peer_rows")
 
@@ -78,12 +82,18 @@ class UlaCache:
         if not a.size:
             return a, 0, -1
         lo, hi = int(a.min()), int(a.max())
+        self._check_range(lo, hi, what, allow_padding)
+        return a, lo, hi
+
+    def _check_range(self, lo: int, hi: int, what: str, allow_padding: bool) -> None:
+        """ValueError unless addresses of min lo and max hi are in range (hi < lo: none)."""
+        if hi < lo:
+            return
         floor = -1 if allow_padding else 0
         if lo < floor:
             raise ValueError(f"{what} holds {lo}: addresses are >= 0" + (" (-1 = padding)" if allow_padding else ""))
         if hi >= self.space.size:
             raise ValueError(f"{what} holds {hi}: beyond the address space of {self.space.size}")
-        return a, lo, hi
 
     def _storage_index(self, a: np.ndarray, what: str, allow_padding: bool, hi: int | None = None) -> np.ndarray:
         """Storage positions of in-range addresses (-1 padding kept); ValueError for one never handed out. `hi`:
@@ -183,24 +193,28 @@ class UlaCache:
             raise ValueError(
                 f"replay the last plan for all {self.config.payload_layers} payload layers before the next access"
             )
-        flat, lo, hi = self._address_range(selected, "selected", allow_padding=True)
+        be, space = self.be, self.space
+        arr = np.asarray(selected)
+        small = (be.name == "numpy" and arr.size * _SORT_BATCH_RATIO < space.rows.size + 1
+                 and arr.dtype.kind in "iu" and arr.dtype.itemsize <= 8 - 4 * (arr.dtype.kind == "u"))
+        if small:  # sorted first (in the caller's width: int32 sorts ~2x faster): its ends are the range to check
+            srt = np.sort(arr.reshape(-1))
+            lo, hi = (int(srt[0]), int(srt[-1])) if srt.size else (0, -1)
+            self._check_range(lo, hi, "selected", allow_padding=True)
+        else:
+            flat, lo, hi = self._address_range(arr, "selected", allow_padding=True)
         if rank is not None:
             if self.tp:
                 raise ValueError("rank must be None in TP mode: every rank executes the batch")
             rank = self._rank(rank)
-        be, space = self.be, self.space
-        ix = self._storage_index(flat, "selected", allow_padding=True, hi=hi)
-        uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
-        space.scratch = be.to_numpy(scratch)
-        uix = be.to_numpy(uix)
-        places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
-        uniq = space.rows.ids(uix)
-        self._check_allocated(uniq, places, "selected")
+        if small:
+            uniq, places, num_refs = self._translate_sorted(srt, lo)
+        else:
+            uniq, places, num_refs = self._translate_marker(flat, lo, hi)
         if rank is not None and uniq.size:
             homes = self.space.home(uniq[[0, -1]])
             if homes[0] != rank or homes[1] != rank:
                 raise ValueError(f"selected holds addresses of another rank than {rank}")
-        num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
         plan = Plan(version=self._version, now=self.policy.step + 1, addrs=uniq, num_refs=num_refs,
                     num_unique=int(uniq.size))
         if self.buffers is not None:
@@ -213,6 +227,59 @@ class UlaCache:
         plan._exchanges = self._exchanges_of  # called with the plan (no plan -> plan reference cycle)
         self._pending = plan
         return plan
+
+    def _translate_marker(self, flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(distinct addresses ascending, their places, references without padding) of a batch of in-range
+        addresses (min lo, max hi): storage positions deduplicated by the backend (a large batch: the scatter marker
+        over storage), turned back into addresses."""
+        be, space = self.be, self.space
+        ix = self._storage_index(flat, "selected", allow_padding=True, hi=hi)
+        uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
+        space.scratch = be.to_numpy(scratch)
+        uix = be.to_numpy(uix)
+        places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
+        uniq = space.rows.ids(uix)
+        self._check_allocated(uniq, places, "selected")
+        num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
+        return uniq, places, num_refs
+
+    def _translate_sorted(self, s: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """`_translate_marker` of a batch much smaller than the storage (numpy), given sorted (`s`, min lo): the
+        addresses themselves deduplicated (storage order is address order, so these are the same distinct
+        addresses), then only the distinct ones located. Saves the storage positions of every reference and their
+        mapping back (~40 us of a 2048-reference batch); the sorted copy gave min and max for free."""
+        n = s.size
+        if not n:
+            return s.astype(np.int64), self.space.table[:0], 0
+        pads = int(s.searchsorted(0)) if lo < 0 else 0  # -1 padding sorts first
+        if pads:
+            s = s[pads:]
+        if s.size > 1:
+            keep = np.empty(s.size, dtype=bool)
+            keep[0] = True
+            np.not_equal(s[1:], s[:-1], out=keep[1:])
+            s = s[keep]
+        s = s.astype(np.int64, copy=False)
+        places = self.space.table[self._sorted_index(s)] if s.size else self.space.table[:0]
+        self._check_allocated(s, places, "selected")
+        return s, places, n - pads
+
+    def _sorted_index(self, a: np.ndarray) -> np.ndarray:
+        """Storage positions of ascending, in-range, distinct addresses; ValueError for one never handed out."""
+        rows = self.space.rows
+        if rows.identity:
+            if int(a[-1]) >= self.space.table.size:
+                raise ValueError(f"selected holds unallocated address {int(a[-1])}")
+            return a
+        shift, end = self._row_tables(rows)
+        h0, h1 = int(a[0]) // rows.stride, int(a[-1]) // rows.stride
+        if h0 == h1:  # one home rank (a DP batch): one shift, and the last address is the largest
+            sh = int(shift[h0])
+            if int(a[-1]) + sh >= int(end[h0]):
+                ix = a + sh
+                raise ValueError(f"selected holds unallocated address {int(a[np.flatnonzero(ix >= end[h0])[0]])}")
+            return a + sh
+        return self._storage_index(a, "selected", allow_padding=False)
 
     def _exchanges_of(self, plan: Plan) -> Exchanges:
         ps, bs = plan.policy_state, plan.buffer_state
