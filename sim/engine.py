@@ -88,12 +88,13 @@ class Engine:
     def __init__(self, cfg, costs: CostModel, system: System, requests, source, recorder: TraceRecorder | None,
                  make_cache=None):
         self.cfg, self.costs, self.system, self.source = cfg, costs, system, source
-        req = requests.sort_values(["arrival_s", "request_id"], kind="stable").reset_index(drop=True)
-        self.rid = req["request_id"].to_numpy(np.int64)
-        self.arrival = req["arrival_s"].to_numpy(float)
-        self.inp = req["input_tokens"].to_numpy(np.int64)
-        self.out = req["output_tokens"].to_numpy(np.int64)
-        self.n_req = len(req)
+        arrival, rid = np.asarray(requests["arrival_s"], dtype=float), np.asarray(requests["request_id"], np.int64)
+        order = np.lexsort((rid, arrival))  # by (arrival, request id): a DataFrame's stable sort_values order
+        self.rid = rid[order]
+        self.arrival = arrival[order]
+        self.inp = np.asarray(requests["input_tokens"], np.int64)[order]
+        self.out = np.asarray(requests["output_tokens"], np.int64)[order]
+        self.n_req = len(order)
         self.q = cfg.query_tokens
         self.hist = self.inp.copy()
         self.generated = np.zeros(self.n_req, np.int64)

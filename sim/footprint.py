@@ -266,7 +266,7 @@ def estimate(cfg, system, requests, make_cache) -> dict:
     _, rss = _statm()
     out = {"process_bytes": float(rss), "caches_bytes": 0.0, "tables_bytes": 0.0, "scratch_bytes": 0.0}
     q, top_k = cfg.query_tokens, cfg.model.top_k
-    outputs = requests["output_tokens"].to_numpy(np.int64)
+    outputs = np.asarray(requests["output_tokens"], dtype=np.int64)
     running = max(1, min(len(requests), cfg.workload.max_concurrency))
     steps = math.ceil(outputs.sum() / running) + int(outputs.max())
     out["timeline_bytes"] = float(steps * TIMELINE_BYTES_PER_STEP)

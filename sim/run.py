@@ -22,8 +22,10 @@ from sim.systems import RunBound, budget_for, system_for_workload
 
 
 def load_workload(cfg: SimConfig):
-    """(requests DataFrame, SelectionSource) from `workload.trace`, or generated from `workload.*` via traces."""
+    """(requests as traces.workload.RequestColumns, SelectionSource) from `workload.trace`, or generated from
+    `workload.*` via traces (numpy columns: a generated workload's replay never loads pandas)."""
     import traces
+    from traces.workload import RequestColumns, generate_request_columns
 
     wl, model = cfg.workload, cfg.model
     if wl.trace:
@@ -34,10 +36,10 @@ def load_workload(cfg: SimConfig):
                 f"trace {wl.trace} has {source.num_groups} indexer groups and top_k {source.top_k}; model "
                 f"{model.name} needs {model.num_index_groups} groups and top_k {model.top_k}")
         requests = trace.requests.sort_values(["arrival_s", "request_id"], kind="stable")
-        requests = requests.head(wl.num_requests).reset_index(drop=True)
+        requests = RequestColumns.of(requests.head(wl.num_requests))
     else:
         profile = traces.load_profile(wl.profile)
-        requests = traces.generate_requests(profile, wl.num_requests, wl.seed)
+        requests = generate_request_columns(profile, wl.num_requests, wl.seed)
         spec = {**profile.selections, "num_groups": model.num_index_groups, "top_k": model.top_k}
         source = traces.SyntheticSelections(traces.SelectionSpec.from_dict(spec, f"profile {profile.name}"),
                                             seed=wl.seed)
@@ -51,9 +53,9 @@ def check_requests(requests) -> None:
         raise ValueError(f"requests table lacks column {sorted(missing)[0]!r}")
     if len(requests) == 0:
         raise ValueError("the workload has no requests")
-    if (requests["input_tokens"] < 1).any() or (requests["output_tokens"] < 1).any():
+    if (np.asarray(requests["input_tokens"]) < 1).any() or (np.asarray(requests["output_tokens"]) < 1).any():
         raise ValueError("requests need input_tokens >= 1 and output_tokens >= 1")
-    if requests["request_id"].duplicated().any():
+    if np.unique(np.asarray(requests["request_id"])).size != len(requests):
         raise ValueError("request_id values must be unique")
 
 
@@ -63,7 +65,7 @@ def cache_factory(cfg: SimConfig, system, requests):
     from ulacache import UlaCache
 
     cap = system.capacity
-    bound = RunBound.of(requests["input_tokens"].to_numpy(), requests["output_tokens"].to_numpy(), cfg.query_tokens,
+    bound = RunBound.of(np.asarray(requests["input_tokens"]), np.asarray(requests["output_tokens"]), cfg.query_tokens,
                         min(len(requests), cfg.workload.max_concurrency), cap.logical_tokens_per_space,
                         cap.num_spaces)
 

@@ -524,7 +524,7 @@ SYSTEMS: dict[str, type[System]] = {"sglang": SGLang, "hisparse": HiSparse, "ula
 def system_for_workload(cfg: SimConfig, budget: Budget, requests, source) -> System:
     """The configured system sized for this workload: its mean request and (where the system sizes by it) the
     verify-token union its selections give."""
-    total = requests["input_tokens"] + requests["output_tokens"] + cfg.query_tokens
+    total = np.asarray(requests["input_tokens"]) + np.asarray(requests["output_tokens"]) + cfg.query_tokens
     cls = SYSTEMS[cfg.system]
     union = measure_union_slots(source, requests, cfg) if cls.sized_by_union else None
     return cls(cfg, budget, float(total.mean()), union, float(total.max()))
@@ -543,10 +543,10 @@ def measure_union_slots(source, requests, cfg: SimConfig, num_requests: int = 8,
     Without speculative decoding it is min(history, top_k). None when the source has no selections for them (a
     captured trace that starts later)."""
     m, q = cfg.model, cfg.query_tokens
-    inp = requests["input_tokens"].to_numpy(np.int64)[:num_requests]
+    inp = np.asarray(requests["input_tokens"], dtype=np.int64)[:num_requests]
     if q == 1:
         return float(np.minimum(inp, m.top_k).mean())
-    rids = requests["request_id"].to_numpy(np.int64)[:num_requests]
+    rids = np.asarray(requests["request_id"], dtype=np.int64)[:num_requests]
     groups = np.unique(np.linspace(0, m.num_index_groups - 1, min(num_groups, m.num_index_groups)).round())
     union = []
     for g in groups.astype(int).tolist():

@@ -111,3 +111,14 @@ def test_sampled_groups_agree_with_full_run(profile):
     assert 0.2 < full["gpu_hit_rate"] < 0.95  # a case with real misses
     assert abs(sampled["gpu_hit_rate"] - full["gpu_hit_rate"]) <= 0.01
     assert abs(sampled["decode_throughput_tok_s"] / full["decode_throughput_tok_s"] - 1) <= 0.03
+
+
+def test_generated_workload_replay_does_not_load_pandas():
+    """A replay of a generated workload reads numpy columns: pandas (~0.6 CPU-s to import) stays unloaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sim; sim.replay({'system': 'hisparse', 'attention': 'dp', 'workload': {'num_requests': 2, "
+            "'max_concurrency': 1, 'max_steps': 2}}); print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -53,3 +53,22 @@ def test_import_errors_name_file_and_line(tmp_path, text, msg):
     with pytest.raises(TraceError, match=msg) as exc:
         import_requests(p)
     assert "bad.csv" in str(exc.value)
+
+
+def test_request_columns_match_the_dataframe():
+    """The numpy columns a replay reads are the DataFrame's values, and sort as DataFrame.sort_values does."""
+    from traces.workload import RequestColumns, generate_request_columns
+
+    df = generate_requests("small", 300, seed=5, arrival="poisson", rate_per_s=50.0)
+    cols = generate_request_columns("small", 300, seed=5, arrival="poisson", rate_per_s=50.0)
+    assert len(cols) == 300 and tuple(cols.columns) == tuple(df.columns)
+    for c in df.columns:
+        assert cols[c].dtype == df[c].dtype and np.array_equal(cols[c], df[c].to_numpy())
+    shuffled = df.sample(frac=1.0, random_state=0)
+    shuffled.loc[shuffled.index[:50], "arrival_s"] = 1.0  # ties on arrival: the request id orders them
+    want = shuffled.sort_values(["arrival_s", "request_id"], kind="stable")
+    got = RequestColumns.of(shuffled).by_arrival()
+    for c in df.columns:
+        assert np.array_equal(got[c], want[c].to_numpy())
+    with pytest.raises(KeyError):
+        cols["nope"]

@@ -6,13 +6,32 @@ Public API (see FORMAT.md for the on-disk schema):
     SyntheticSelections(spec, seed).select(request_ids, history_lens, steps, group, num_query_tokens)
     CapturedSelections(...)  (same protocol);  TraceError (a ValueError) for bad input
 """
-from traces.api import convert_to_trace, generate_trace, inspect_trace
-from traces.captured import CapturedSelections, SelectionWriter, capture_from_source, convert_capture
-from traces.errors import TraceError
-from traces.stats import selection_stats, set_overlap
-from traces.synthetic import MODEL_GROUPS, SelectionSpec, SyntheticSelections
-from traces.trace import Trace, open_trace, write_trace
-from traces.workload import Profile, generate_requests, import_requests, load_profile
+import importlib
+
+# Where each public name lives: imported on first use (PEP 562), so that `import traces.errors` or a replay that
+# only generates requests and selections does not load pandas / pyarrow (~0.6 CPU-s per process).
+_HOME = {
+    "convert_to_trace": "api", "generate_trace": "api", "inspect_trace": "api",
+    "CapturedSelections": "captured", "SelectionWriter": "captured", "capture_from_source": "captured",
+    "convert_capture": "captured", "TraceError": "errors", "selection_stats": "stats", "set_overlap": "stats",
+    "MODEL_GROUPS": "synthetic", "SelectionSpec": "synthetic", "SyntheticSelections": "synthetic",
+    "Trace": "trace", "open_trace": "trace", "write_trace": "trace",
+    "Profile": "workload", "generate_requests": "workload", "import_requests": "workload", "load_profile": "workload",
+}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'traces' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"traces.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "CapturedSelections", "MODEL_GROUPS", "Profile", "SelectionSpec", "SelectionWriter", "SyntheticSelections",
