@@ -7,6 +7,7 @@ drawn from the configured distribution.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +68,7 @@ def _ranks_of(values, n: int) -> np.ndarray:
     return x if x.size == n and x.ndim == 1 else np.resize(x, n)
 
 
+_F9 = struct.Struct("9d")  # `_links`' memo key: its nine inputs' exact float64 bits
 NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0}
 
 
@@ -294,13 +296,13 @@ class Engine:
         n = len(sim_ranks)
         if n == 1:
             return [self._rank_work(b, sim_ranks[0], ratios, rows, shared)]
-        cols = [np.asarray(shared["keys"], dtype=float), b.n_rank, b.ref_rank]
-        cols += [x for rep in rows for x in rows[rep]]
-        sig = np.column_stack(cols)[sim_ranks]  # everything rank-dependent that _rank_work reads
+        cols = [shared["keys"], b.n_rank.tolist(), b.ref_rank.tolist()]  # everything rank-dependent it reads
+        cols += [x.tolist() for rep in rows for x in rows[rep]]
+        pack = struct.Struct(f"{len(cols)}d").pack  # their exact float64 bits (as the arrays' bytes were)
         seen: dict[bytes, list[GroupWork]] = {}
         out = []
-        for i, r in enumerate(sim_ranks):
-            key = sig[i].tobytes()
+        for r in sim_ranks:
+            key = pack(*[c[r] for c in cols])
             work = seen.get(key)
             if work is None:
                 work = seen[key] = self._rank_work(b, r, ratios, rows, shared)
@@ -409,24 +411,26 @@ class Engine:
 
     def _links(self, b: Batch, r: int, rt: dict, rows: tuple, row_bytes: float) -> dict:
         """Management time and link bytes of one simulated group's plan on rank r (one layer). A pure function of
-        the scalars below: memoized on their exact bits (idle DP ranks and repeated shapes are computed once)."""
+        the scalars below: memoized on their exact bits (idle DP ranks, whose products are 0 step after step, and
+        repeated shapes are computed once)."""
         sysm = self.system
         h2d, d2h, peer = (x[r] for x in rows)
         home_h2d = float(rows[0].sum()) if sysm.tp else 0.0
-        key = np.array([b.ref_rank[r], rt["unique"], rt["misses"], b.n_rank[r], h2d, d2h, peer, home_h2d, row_bytes],
-                       dtype=np.float64).tobytes()
+        ref_rank = b.ref_rank[r]
+        unique, misses = rt["unique"] * ref_rank, rt["misses"] * ref_rank  # (an idle rank's: 0 whatever the ratios)
+        key = _F9.pack(ref_rank, unique, misses, b.n_rank[r], h2d, d2h, peer, home_h2d, row_bytes)
         out = self._links_memo.get(key)
         if out is None:
             if len(self._links_memo) >= 4096:
                 self._links_memo.clear()
-            out = self._links_memo[key] = self._links_of(b.ref_rank[r], rt, b.n_rank[r], h2d, d2h, peer, home_h2d,
-                                                         row_bytes)
+            out = self._links_memo[key] = self._links_of(ref_rank, unique, misses, b.n_rank[r], h2d, d2h, peer,
+                                                         home_h2d, row_bytes)
         return out
 
-    def _links_of(self, ref_rank: float, rt: dict, n_rank: float, h2d: float, d2h: float, peer: float,
-                  home_h2d: float, row_bytes: float) -> dict:
+    def _links_of(self, ref_rank: float, unique: float, misses: float, n_rank: float, h2d: float, d2h: float,
+                  peer: float, home_h2d: float, row_bytes: float) -> dict:
         sysm, costs = self.system, self.costs
-        mgmt = sysm.management_s(costs, ref_rank, rt["unique"] * ref_rank, rt["misses"] * ref_rank, n_rank)
+        mgmt = sysm.management_s(costs, ref_rank, unique, misses, n_rank)
         chained = min(peer, home_h2d - h2d) if sysm.tp else 0.0  # peer rows promoted at their home first
         return dict(mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row_bytes, n_rank),
                     d2h_bytes=costs.d2h_link_bytes(d2h, row_bytes),
