@@ -16,7 +16,10 @@ by the fit and by `hw validate`). simpy is imported lazily so the pure functions
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from sim.events import TraceRecorder
+
 
 HOST_CAP_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s")
 
@@ -76,6 +79,54 @@ class Link:
 
     def busy(self) -> bool:
         return bool(self._active)
+
+    def _register(self, route: dict) -> int:
+        idx = self._route_idx[id(route)] = len(self._route_of)
+        self._route_of.append(route)
+        ranks = {self._place[res][0] for res in route if res in self._place}
+        shape = None
+        if len(ranks) <= 1:
+            key = tuple(((self._place[res][1],) if res in self._place else res, w) for res, w in route.items())
+            tid = self._templates.setdefault(key if ranks else (idx,), len(self._templates))
+            shape = (ranks.pop() if ranks else None, tid)
+            self._made.setdefault(shape, route)
+        self._shape.append(shape)
+        return idx
+
+    def _rates_of(self, sig: tuple) -> list:
+        """Max-min rates of the routes `sig` (route indices, in start order). With rank symmetry (every rank's own
+        resources have the caps of every other's; shared resources map to themselves) the rates do not change when
+        the ranks are renamed: `maxmin_rates` only ever compares its per-resource figures by value, and where several
+        resources tie for the tightest step every one of them is full anyway (its load is within a few ulps of its
+        cap, far inside the 1e-12 margin). So the sequence is memoised with its ranks renamed in order of first
+        appearance, and runs that differ only in which ranks transfer share one computation, bit for bit."""
+        if self._symmetric:
+            shapes, rename, key = self._shape, {}, []
+            for i in sig:
+                shape = shapes[i]
+                if shape is None:
+                    break
+                r, tid = shape
+                if r is not None:
+                    r = rename.setdefault(r, len(rename))
+                key.append((r, tid))
+            else:
+                key = tuple(key)
+                rates = self._canon_memo.get(key)
+                if rates is None:
+                    rates = self._canon_memo[key] = maxmin_rates([self._make(s) for s in key], self._caps)
+                return rates
+        return maxmin_rates([self._route_of[i] for i in sig], self._caps)
+
+    def _make(self, shape: tuple) -> dict:
+        """The route of template `shape[1]` on rank `shape[0]`."""
+        route = self._made.get(shape)
+        if route is None:
+            r, tid = shape
+            key = next(k for k, v in self._templates.items() if v == tid)
+            route = self._made[shape] = {(self._groups[r][res[0]] if isinstance(res, tuple) else res): w
+                                         for res, w in key}
+        return route
 
     def _advance(self):
         now = self.env.now
@@ -260,68 +311,165 @@ def peer_after_exchange_s(costs, num_homes: int) -> float:
 
 
 class Fabric:
-    """Flows over shared resources on simpy, max-min fair; one pending wake-up for the earliest completion."""
+    """Flows over shared resources on simpy, max-min fair; one pending wake-up for the earliest completion.
 
-    def __init__(self, env, caps: dict, recorder: TraceRecorder | None = None):
-        self.env, self.caps, self.recorder = env, dict(caps), recorder
-        self._active: dict[int, list] = {}  # id -> [remaining, done, start, label, size, route, rate, owner]
+    Each start and each completion re-plans the rates of every active flow (the max-min rates of the routes in start
+    order, memoised per caps: a run cycles through few such sequences) and schedules a wake-up at the earliest
+    completion; a wake-up that a later re-plan superseded does nothing when it fires. Caps change only through
+    `set_cap` (`caps` is a read-only view), so the memo knows when they did."""
+
+    def __init__(self, env, caps: dict, recorder: TraceRecorder | None = None, groups=()):
+        from simpy.events import Event, Timeout
+
+        self.env, self.recorder = env, recorder
+        self._caps = dict(caps)
+        self.caps = MappingProxyType(self._caps)
+        self._event, self._timeout = Event, Timeout
+        # active flows in start order: [remaining, done, start, label, size, rate, owner, size * 1e-9]
+        self._flows: list[list] = []
+        self._sig: list[int] = []  # the route index of each active flow, in the same order
+        self._route_idx: dict[int, int] = {}  # id(route dict) -> index
+        self._route_of: list[dict] = []  # index -> route dict (kept alive, so its id is not reused)
+        self._owners: dict = {}  # owner -> its active flows (each owner's busy time grows while it has any)
         self._last = 0.0
-        self._version = 0
-        self._next_id = 0
-        self._rates: dict[tuple, tuple] = {}  # (route ids, caps) -> (routes, max-min rates): a pure function of both
+        self._pending = None  # the wake-up that is current; older ones are stale
+        # rank symmetry: groups[r] lists rank r's own resources, position j alike on every rank
+        self._groups = [tuple(g) for g in groups]
+        self._place = {res: (r, j) for r, g in enumerate(self._groups) for j, res in enumerate(g)}
+        self._shape: list[tuple | None] = []  # route index -> (its rank or None, template) or None: no symmetry
+        self._templates: dict[tuple, int] = {}
+        self._made: dict[tuple, dict] = {}  # (rank, template) -> that route on that rank
+        self._memos: dict[tuple, tuple] = {}  # caps values -> ({route sequence: rates}, {canonical sequence: rates})
+        self._set_memo()
+
+    def set_cap(self, res: str, cap: float) -> None:
+        self._caps[res] = cap
+        self._set_memo()
+
+    def _set_memo(self):
+        caps = self._caps
+        self._memo, self._canon_memo = self._memos.setdefault(tuple(caps.values()), ({}, {}))
+        g = self._groups
+        self._symmetric = bool(g) and all(len(x) == len(g[0]) for x in g) and all(
+            caps.get(x[j]) == caps.get(g[0][j]) for x in g for j in range(len(g[0])))
 
     def busy(self) -> bool:
-        return bool(self._active)
+        return bool(self._flows)
 
     def start(self, owner, num_bytes: float, route: dict, label: str):
-        done = self.env.event()
+        env = self.env
+        done = self._event(env)
         self._advance()
-        self._active[self._next_id] = [float(num_bytes), done, self.env.now, label, float(num_bytes), route, 0.0,
-                                       owner]
-        self._next_id += 1
+        idx = self._route_idx.get(id(route))
+        if idx is None:
+            idx = self._register(route)
+        size = float(num_bytes)
+        self._flows.append([size, done, env.now, label, size, 0.0, owner, size * 1e-9])
+        self._sig.append(idx)
+        owners = self._owners
+        owners[owner] = owners.get(owner, 0) + 1
         self._replan()
         return done
+
+    def _register(self, route: dict) -> int:
+        idx = self._route_idx[id(route)] = len(self._route_of)
+        self._route_of.append(route)
+        ranks = {self._place[res][0] for res in route if res in self._place}
+        shape = None
+        if len(ranks) <= 1:
+            key = tuple(((self._place[res][1],) if res in self._place else res, w) for res, w in route.items())
+            tid = self._templates.setdefault(key if ranks else (idx,), len(self._templates))
+            shape = (ranks.pop() if ranks else None, tid)
+            self._made.setdefault(shape, route)
+        self._shape.append(shape)
+        return idx
+
+    def _rates_of(self, sig: tuple) -> list:
+        """Max-min rates of the routes `sig` (route indices, in start order). With rank symmetry (every rank's own
+        resources have the caps of every other's; shared resources map to themselves) the rates do not change when
+        the ranks are renamed: `maxmin_rates` only ever compares its per-resource figures by value, and where several
+        resources tie for the tightest step every one of them is full anyway (its load is within a few ulps of its
+        cap, far inside the 1e-12 margin). So the sequence is memoised with its ranks renamed in order of first
+        appearance, and runs that differ only in which ranks transfer share one computation, bit for bit."""
+        if self._symmetric:
+            shapes, rename, key = self._shape, {}, []
+            for i in sig:
+                shape = shapes[i]
+                if shape is None:
+                    break
+                r, tid = shape
+                if r is not None:
+                    r = rename.setdefault(r, len(rename))
+                key.append((r, tid))
+            else:
+                key = tuple(key)
+                rates = self._canon_memo.get(key)
+                if rates is None:
+                    rates = self._canon_memo[key] = maxmin_rates([self._make(s) for s in key], self._caps)
+                return rates
+        return maxmin_rates([self._route_of[i] for i in sig], self._caps)
+
+    def _make(self, shape: tuple) -> dict:
+        """The route of template `shape[1]` on rank `shape[0]`."""
+        route = self._made.get(shape)
+        if route is None:
+            r, tid = shape
+            key = next(k for k, v in self._templates.items() if v == tid)
+            route = self._made[shape] = {(self._groups[r][res[0]] if isinstance(res, tuple) else res): w
+                                         for res, w in key}
+        return route
 
     def _advance(self):
         now = self.env.now
         dt = now - self._last
         if dt > 0:
-            owners = set()
-            for e in self._active.values():
-                e[0] -= e[6] * dt
-                owners.add(e[7])
-            for o in owners:
+            for e in self._flows:
+                e[0] -= e[5] * dt
+            for o in self._owners:
                 o.busy_s += dt
         self._last = now
 
     def _replan(self):
-        if not self._active:
+        flows = self._flows
+        if not flows:
             return
-        keys = list(self._active)
-        routes = [self._active[k][5] for k in keys]
-        memo = (tuple(map(id, routes)), tuple(self.caps.values()))
-        hit = self._rates.get(memo)
-        if hit is None:  # the entry keeps its route dicts alive, so their ids cannot be reused by others
-            hit = self._rates[memo] = (routes, maxmin_rates(routes, self.caps))
-        rates = hit[1]
-        for k, r in zip(keys, rates):
-            self._active[k][6] = r
-        at = min(max(0.0, self._active[k][0]) / r for k, r in zip(keys, rates))
-        self._version += 1
-        version = self._version
-        self.env.timeout(at).callbacks.append(lambda _e: self._wake(version))
+        sig = tuple(self._sig)
+        rates = self._memo.get(sig)
+        if rates is None:
+            rates = self._memo[sig] = self._rates_of(sig)
+        at = None
+        for e, r in zip(flows, rates):
+            e[5] = r
+            left = e[0]
+            t = (left if left > 0.0 else 0.0) / r
+            if at is None or t < at:
+                at = t
+        ev = self._pending = self._timeout(self.env, at)
+        ev.callbacks.append(self._wake)
 
-    def _wake(self, version: int):
-        if version != self._version:
-            return
+    def _wake(self, ev):
+        if ev is not self._pending:
+            return  # superseded by a later re-plan
         self._advance()
-        clock = max(1e-12, abs(self.env.now) * 1e-12)
-        finished = [k for k, e in self._active.items() if e[0] <= max(e[4] * 1e-9, e[6] * clock)]
-        for k in finished:
-            e = self._active.pop(k)
-            if self.recorder is not None:
-                self.recorder.span(e[7].name, e[3] or "transfer", e[2], self.env.now, {"bytes": round(e[4])})
-            e[1].succeed()
+        now = self.env.now
+        clock = max(1e-12, abs(now) * 1e-12)
+        flows = self._flows
+        # done when what is left is float noise of the flow's own size, or would take less than the clock's resolution
+        finished = [e for e in flows if e[0] <= e[7] or e[0] <= e[5] * clock]
+        if finished:
+            keep = [k for k, e in enumerate(flows) if not (e[0] <= e[7] or e[0] <= e[5] * clock)]
+            self._flows = [flows[k] for k in keep]
+            self._sig = [self._sig[k] for k in keep]
+            owners = self._owners
+            for e in finished:
+                o = e[6]
+                if owners[o] == 1:
+                    del owners[o]
+                else:
+                    owners[o] -= 1
+                if self.recorder is not None:
+                    self.recorder.span(o.name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
+                e[1].succeed()
         self._replan()
 
 
@@ -378,7 +526,8 @@ class Node:
         v, n = costs.values, self.num_gpus
         row = costs.model.kv_bytes_per_token_layer
         self._host_caps = {k: float(v[k]) for k in HOST_CAP_KEYS if v.get(k)}
-        self.fabric = Fabric(self.env, node_caps(costs, n), recorder)
+        self.fabric = Fabric(self.env, node_caps(costs, n), recorder,
+                             groups=[(f"h2d{r}", f"d2h{r}", f"nvl{r}") for r in range(n)])
         self._explicit, self._seen = False, set()
         mk = lambda kind, r, bw, lat: Route(self.fabric, f"gpu{r} pcie {kind}", pcie_route(costs, kind, r, row), bw,
                                              lat, on_use=lambda r=r: self._saw(r))
@@ -403,4 +552,4 @@ class Node:
     def _scale(self, num_ranks: int) -> None:
         share = max(1, num_ranks) / self.num_gpus
         for key, cap in self._host_caps.items():
-            self.fabric.caps[key] = cap * share
+            self.fabric.set_cap(key, cap * share)
