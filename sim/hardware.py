@@ -333,6 +333,7 @@ class Fabric:
         self._owners: dict = {}  # owner -> its active flows (each owner's busy time grows while it has any)
         self._last = 0.0
         self._pending = None  # the wake-up that is current; older ones are stale
+        self._held, self._dirty = 0, False  # inside hold(): starts re-plan once, at release()
         # rank symmetry: groups[r] lists rank r's own resources, position j alike on every rank
         self._groups = [tuple(g) for g in groups]
         self._place = {res: (r, j) for r, g in enumerate(self._groups) for j, res in enumerate(g)}
@@ -356,6 +357,18 @@ class Fabric:
     def busy(self) -> bool:
         return bool(self._flows)
 
+    def hold(self) -> None:
+        """Starts until the matching `release` re-plan once, at the release. The caller starts them at one instant
+        in one simpy callback, so nothing reads the rates in between: the last start's plan is the only one that
+        mattered, and the earlier starts' wake-ups would all have been superseded (fewer simpy events, same plan)."""
+        self._held += 1
+
+    def release(self) -> None:
+        self._held -= 1
+        if not self._held and self._dirty:
+            self._dirty = False
+            self._replan()
+
     def start(self, owner, num_bytes: float, route: dict, label: str):
         env = self.env
         done = self._event(env)
@@ -368,7 +381,10 @@ class Fabric:
         self._sig.append(idx)
         owners = self._owners
         owners[owner] = owners.get(owner, 0) + 1
-        self._replan()
+        if self._held:
+            self._dirty = True
+        else:
+            self._replan()
         return done
 
     def _register(self, route: dict) -> int:
@@ -512,6 +528,15 @@ class Node:
                     for r in range(num_gpus)]
         self.nvlink = [Link(env, f"gpu{r} nvlink in", v["nvlink_bw_bytes_s"], v["nvlink_latency_s"], recorder)
                        for r in range(num_gpus)]
+
+    def hold(self) -> None:
+        """Transfers started from now until `release` start at one instant in one simpy callback (see Fabric.hold)."""
+        if self.fabric is not None:
+            self.fabric.hold()
+
+    def release(self) -> None:
+        if self.fabric is not None:
+            self.fabric.release()
 
     def idle(self) -> bool:
         """No transfer in flight on any link (pending wake-ups, if any, are stale and change nothing)."""

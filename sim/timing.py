@@ -204,6 +204,7 @@ class StepTimer:
         first = 1 if w.prefetch else n
         flows, lat = [], 0.0
         h2d_ev = None
+        node.hold()
         if w.h2d_bytes > 0:
             h2d_ev = node.h2d[r].transfer(w.h2d_bytes * first, f"h2d g{g}")
             flows.append(h2d_ev)
@@ -219,6 +220,7 @@ class StepTimer:
             if w.d2h_blocking:
                 flows.append(ev)
                 lat = max(lat, node.d2h[r].latency)
+        node.release()
         t1 = env.now
         if flows:
             yield simpy.AllOf(env, flows) if len(flows) > 1 else flows[0]
@@ -227,6 +229,7 @@ class StepTimer:
         rest = []
         if w.prefetch and n > 1:
             h2d_ev = None
+            node.hold()
             if w.h2d_bytes > 0:
                 h2d_ev = node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}")
                 rest.append(h2d_ev)
@@ -238,6 +241,7 @@ class StepTimer:
                 ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
                 if w.d2h_blocking:
                     rest.append(ev)
+            node.release()
         if rest:  # layer 1, then layers 2..n-1 overlapping the prefetch, then layer n once its data is in
             yield env.timeout(lat + layer_c)
             wait = [env.timeout((n - 2) * layer_c)] if n > 2 else []
