@@ -80,54 +80,6 @@ class Link:
     def busy(self) -> bool:
         return bool(self._active)
 
-    def _register(self, route: dict) -> int:
-        idx = self._route_idx[id(route)] = len(self._route_of)
-        self._route_of.append(route)
-        ranks = {self._place[res][0] for res in route if res in self._place}
-        shape = None
-        if len(ranks) <= 1:
-            key = tuple(((self._place[res][1],) if res in self._place else res, w) for res, w in route.items())
-            tid = self._templates.setdefault(key if ranks else (idx,), len(self._templates))
-            shape = (ranks.pop() if ranks else None, tid)
-            self._made.setdefault(shape, route)
-        self._shape.append(shape)
-        return idx
-
-    def _rates_of(self, sig: tuple) -> list:
-        """Max-min rates of the routes `sig` (route indices, in start order). With rank symmetry (every rank's own
-        resources have the caps of every other's; shared resources map to themselves) the rates do not change when
-        the ranks are renamed: `maxmin_rates` only ever compares its per-resource figures by value, and where several
-        resources tie for the tightest step every one of them is full anyway (its load is within a few ulps of its
-        cap, far inside the 1e-12 margin). So the sequence is memoised with its ranks renamed in order of first
-        appearance, and runs that differ only in which ranks transfer share one computation, bit for bit."""
-        if self._symmetric:
-            shapes, rename, key = self._shape, {}, []
-            for i in sig:
-                shape = shapes[i]
-                if shape is None:
-                    break
-                r, tid = shape
-                if r is not None:
-                    r = rename.setdefault(r, len(rename))
-                key.append((r, tid))
-            else:
-                key = tuple(key)
-                rates = self._canon_memo.get(key)
-                if rates is None:
-                    rates = self._canon_memo[key] = maxmin_rates([self._make(s) for s in key], self._caps)
-                return rates
-        return maxmin_rates([self._route_of[i] for i in sig], self._caps)
-
-    def _make(self, shape: tuple) -> dict:
-        """The route of template `shape[1]` on rank `shape[0]`."""
-        route = self._made.get(shape)
-        if route is None:
-            r, tid = shape
-            key = next(k for k, v in self._templates.items() if v == tid)
-            route = self._made[shape] = {(self._groups[r][res[0]] if isinstance(res, tuple) else res): w
-                                         for res, w in key}
-        return route
-
     def _advance(self):
         now = self.env.now
         n = len(self._active)
@@ -344,15 +296,20 @@ class Fabric:
         self._set_memo()
 
     def set_cap(self, res: str, cap: float) -> None:
-        self._caps[res] = cap
-        self._set_memo()
+        if self._caps.get(res, self) != cap:
+            self._caps[res] = cap
+            self._set_memo()
 
     def _set_memo(self):
         caps = self._caps
-        self._memo, self._canon_memo = self._memos.setdefault(tuple(caps.values()), ({}, {}))
-        g = self._groups
-        self._symmetric = bool(g) and all(len(x) == len(g[0]) for x in g) and all(
-            caps.get(x[j]) == caps.get(g[0][j]) for x in g for j in range(len(g[0])))
+        key = tuple(caps.values())
+        memo = self._memos.get(key)
+        if memo is None:
+            g = self._groups
+            symmetric = bool(g) and all(len(x) == len(g[0]) for x in g) and all(
+                caps.get(x[j]) == caps.get(g[0][j]) for x in g for j in range(len(g[0])))
+            memo = self._memos[key] = ({}, {} if symmetric else None)
+        self._memo, self._canon_memo = memo
 
     def busy(self) -> bool:
         return bool(self._flows)
@@ -407,7 +364,7 @@ class Fabric:
         resources tie for the tightest step every one of them is full anyway (its load is within a few ulps of its
         cap, far inside the 1e-12 margin). So the sequence is memoised with its ranks renamed in order of first
         appearance, and runs that differ only in which ranks transfer share one computation, bit for bit."""
-        if self._symmetric:
+        if self._canon_memo is not None:
             shapes, rename, key = self._shape, {}, []
             for i in sig:
                 shape = shapes[i]
@@ -464,20 +421,36 @@ class Fabric:
         ev.callbacks.append(self._wake)
 
     def _wake(self, ev):
+        """The pending wake-up: advance every flow (as `_advance`), finish those whose remainder is float noise of
+        their own size or would take less than the clock's resolution (float time grows with the run), re-plan."""
         if ev is not self._pending:
             return  # superseded by a later re-plan
-        self._advance()
         now = self.env.now
-        clock = max(1e-12, abs(now) * 1e-12)
+        dt = now - self._last
+        self._last = now
         flows = self._flows
-        # done when what is left is float noise of the flow's own size, or would take less than the clock's resolution
-        finished = [e for e in flows if e[0] <= e[7] or e[0] <= e[5] * clock]
-        if finished:
-            keep = [k for k, e in enumerate(flows) if not (e[0] <= e[7] or e[0] <= e[5] * clock)]
-            self._flows = [flows[k] for k in keep]
-            self._sig = [self._sig[k] for k in keep]
+        clock = max(1e-12, abs(now) * 1e-12)
+        finished = None
+        if dt > 0:
+            for o in self._owners:
+                o.busy_s += dt
+            for k, e in enumerate(flows):
+                left = e[0] = e[0] - e[5] * dt
+                if left <= e[7] or left <= e[5] * clock:
+                    finished = [k] if finished is None else finished + [k]
+        else:
+            for k, e in enumerate(flows):
+                left = e[0]
+                if left <= e[7] or left <= e[5] * clock:
+                    finished = [k] if finished is None else finished + [k]
+        if finished is not None:
+            done = [flows[k] for k in finished]
+            gone = set(finished)
+            sig = self._sig
+            self._flows = [e for k, e in enumerate(flows) if k not in gone]
+            self._sig = [x for k, x in enumerate(sig) if k not in gone]
             owners = self._owners
-            for e in finished:
+            for e in done:
                 o = e[6]
                 if owners[o] == 1:
                     del owners[o]

@@ -181,12 +181,23 @@ class StepTimer:
     def _chain(self, r: int, after, nbytes: float, label: str):
         """A peer fetch that starts when `after` (the promotions into the home pools) completes: a CPU-resident
         row reaches a rank's local buffer over NVLink only once its home has copied it in over PCIe. The home's
-        promotions are timed on this rank's own PCIe link (TP spreads homes evenly, so every rank promotes alike)."""
-        def proc():
-            if after is not None:
-                yield after
-            yield self.node.nvlink[r].transfer(nbytes, label)
-        return self.env.process(proc())
+        promotions are timed on this rank's own PCIe link (TP spreads homes evenly, so every rank promotes alike).
+
+        With `after`, callbacks instead of a process: the fetch starts in `after`'s callback and the returned event
+        is triggered in the fetch's, at the very moments a process would resume and end (no Initialize event)."""
+        if after is None:
+            def proc():
+                yield self.node.nvlink[r].transfer(nbytes, label)
+            return self.env.process(proc())
+        done = self.env.event()
+        link = self.node.nvlink[r]
+
+        def go(_ev):
+            fetched = link.transfer(nbytes, label)
+            fetched.callbacks.append(lambda _e: done.succeed())
+
+        after.callbacks.append(go)
+        return done
 
     def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: np.ndarray):
         """Rank r's part of group g. Per-transfer latency is paid once after the gating transfers (it is not link

@@ -1,0 +1,95 @@
+"""The Fabric's shortcuts change no bit: the rank-renamed max-min memo, and one re-plan per batch of starts."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.hardware import Fabric, Route, make_env, maxmin_rates
+
+KINDS = ("h2d", "d2h", "nvl")
+
+
+def _node(rng: random.Random, num_ranks: int):
+    caps = {}
+    bw = {k: rng.choice([55.29e9, 55.30e9, 387.6e9, rng.uniform(1.0, 100.0)]) for k in KINDS}
+    for r in range(num_ranks):
+        for k in KINDS:
+            caps[f"{k}{r}"] = bw[k]
+    caps["host"] = rng.choice([150.46e9, rng.uniform(1.0, 300.0)])
+    w = {"h2d": rng.uniform(0.3, 1.5), "d2h": rng.uniform(0.3, 1.5)}
+    routes = {(k, r): ({f"{k}{r}": 1.0, "host": w[k]} if k != "nvl" else {f"{k}{r}": 1.0})
+              for r in range(num_ranks) for k in KINDS}
+    return caps, routes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_maxmin_rates_are_bitwise_invariant_under_renaming_ranks(seed):
+    """What the memo relies on: renaming ranks (all ranks alike) moves no bit of any rate, however the flows of the
+    ranks interleave and whatever ties the per-resource steps make."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 8)
+    caps, routes = _node(rng, n)
+    seq = [(rng.choice(KINDS), rng.randrange(n)) for _ in range(rng.randint(1, 30))]
+    perm = list(range(n))
+    rng.shuffle(perm)
+    a = maxmin_rates([routes[k, r] for k, r in seq], caps)
+    b = maxmin_rates([routes[k, perm[r]] for k, r in seq], caps)
+    assert [x.hex() for x in a] == [x.hex() for x in b]
+
+
+def _run(caps, routes, flows, groups=(), batch=False):
+    """Finish time of each flow on a Fabric; flows = (start time, route key, bytes); flows that start at the same
+    time start in one callback (held, with `batch`)."""
+    env = make_env()
+    fab = Fabric(env, caps, groups=groups)
+    links = {key: Route(fab, f"{key}", route, 1.0, 0.0) for key, route in routes.items()}
+    done = {}
+    by_time: dict[float, list] = {}
+    for i, (t, key, size) in enumerate(flows):
+        by_time.setdefault(t, []).append((i, key, size))
+
+    def wait(i, ev):
+        yield ev
+        done[i] = env.now
+
+    def starter(t, batch_flows):
+        yield env.timeout(t)
+        if batch:
+            fab.hold()
+        evs = [(i, links[key].transfer(size)) for i, key, size in batch_flows]
+        if batch:
+            fab.release()
+        for i, ev in evs:
+            env.process(wait(i, ev))
+
+    for t, fl in by_time.items():
+        env.process(starter(t, fl))
+    env.run()
+    return [done[i].hex() for i in range(len(flows))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_fabric_memo_and_batched_starts_move_no_bit(seed):
+    rng = random.Random(seed)
+    n = rng.randint(2, 6)
+    caps, routes = _node(rng, n)
+    flows = [(rng.choice([0.0, 0.0, 1e-3, 2e-3, rng.uniform(0, 5e-3)]), (rng.choice(KINDS), rng.randrange(n)),
+              rng.uniform(1e3, 1e8)) for _ in range(rng.randint(1, 25))]
+    plain = _run(caps, routes, flows)
+    groups = [tuple(f"{k}{r}" for k in KINDS) for r in range(n)]
+    assert _run(caps, routes, flows, groups=groups) == plain
+    assert _run(caps, routes, flows, groups=groups, batch=True) == plain
+
+
+def test_fabric_caps_change_only_through_set_cap():
+    fab = Fabric(make_env(), {"a": 1.0, "b": 1.0}, groups=[("a",), ("b",)])
+    with pytest.raises(TypeError):
+        fab.caps["a"] = 2.0
+    fab.set_cap("a", 2.0)
+    assert fab.caps["a"] == 2.0
+    assert fab._canon_memo is None  # the ranks are no longer alike: no renaming
+    fab.set_cap("a", 1.0)
+    assert fab._canon_memo is not None
