@@ -34,12 +34,14 @@ def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @dataclass
 class _BufState:
     miss_addrs: np.ndarray  # grouped by rank
-    miss_ix: np.ndarray  # their address-storage positions
+    miss_idx: np.ndarray  # their indices into the batch
     counts: np.ndarray  # misses per rank
     miss_rank: np.ndarray  # receiving rank of each miss
     dests: np.ndarray  # buffer-local places
-    victims: np.ndarray
     dest_idx: np.ndarray  # pool storage positions of the dests
+    uix: np.ndarray  # the batch's address-storage positions
+    rows: np.ndarray | None  # the batch's map rows as read (slot_map `fill`), None: insert key by key
+    taken: list  # the victims' map entries (slot_map `drop` arguments)
 
 
 class LocalBuffers:
@@ -59,6 +61,11 @@ class LocalBuffers:
         self.maps = slot_map.make_slot_maps(num_ranks, space, slots, self.dense_limit)
         space.listeners.append(self._refit_maps)  # after the dense table's own listener
         self._cuts = np.arange(num_ranks + 1, dtype=np.int64) * self.slots_per_rank  # home bounds of addresses
+        # The maps are the authority on which address each slot holds: the pool's owner table is written from them
+        # only when read (`_sync_owners`, by `check`), not per batch (a random write per miss). Slots claimed by the
+        # pending plan's misses (free ones; victims' slots stay taken) count as held from its commit on.
+        self._owners_stale = False
+        self._pending_claims = 0
         self._checked = (None, [])  # the last batch checked and its home bounds
 
     def _refit_maps(self, old: int) -> None:
@@ -86,19 +93,23 @@ class LocalBuffers:
         be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
         bounds = self.check_fits(uniq)  # homes
         uix = self.space.index(uniq)
-        h_counts, miss_idx, counts = self.maps.remote(uniq, uix, bounds)
+        h_counts, miss_idx, counts, rows = self.maps.remote(uniq, uix, bounds)
         miss_rank = np.repeat(np.arange(R, dtype=np.int64), counts)
         miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
         pool.reserve(counts)  # any storage growth before positions are taken
+        if self.log.stamps and self.log.stamps[-1] == plan.now:  # a batch of this stamp is logged: the victims'
+            rows = None  # rows may be the batch's own, so its misses are inserted key by key after the drops
         self.log.stamp(uix, plan.now)  # the batch's hits are no victims of this selection
         s0, f0 = pool.take_free(be, counts)
+        self._pending_claims = int(f0.sum())
         rest = counts - f0
+        taken = []
         if rest.any():
-            got, found = self.log.select(rest, self.maps)
+            got, found, taken = self.log.select(rest, self.maps)
             dest_idx = merge_by_rank([s0, got], [f0, found])
         else:
             dest_idx = s0
-        self.log.append(uniq, plan.now, h_counts + counts)
+        self.log.append(uix, plan.now, h_counts + counts)
         dests = pool.places(dest_idx)
         # The fetch reads the entry where it is now (its CPU place if it is being promoted: the same bytes).
         src = old_places.take(miss_idx)
@@ -107,20 +118,34 @@ class LocalBuffers:
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(miss_addrs, uix.take(miss_idx), counts, miss_rank, dests,
-                                      pool.own.take(dest_idx), dest_idx)
+        plan.buffer_state = _BufState(miss_addrs, miss_idx, counts, miss_rank, dests, dest_idx, uix, rows, taken)
 
     def commit(self, plan: Plan) -> None:
         st, pool = plan.buffer_state, self.pool
         # All ranks at once (each rank's row of the maps is its own): victims out, then the misses in (a rank's
-        # victim is never one of its misses).
-        has_v = np.flatnonzero(st.victims >= 0)
-        if has_v.size == st.victims.size:
-            self.maps.delete(st.miss_rank, st.victims)
-        elif has_v.size:
-            self.maps.delete(st.miss_rank.take(has_v), st.victims.take(has_v))
-        self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg, st.miss_ix)
-        pool.own[st.dest_idx] = st.miss_addrs
+        # victim is never one of its misses). The rows a plan read are unchanged until its commit (no access, alloc
+        # or free runs in between) and the victims' rows are not the batch's (their last stamp is older), so both
+        # are written back whole.
+        for ix, addrs, held, lim in st.taken:  # loop over the batches the selection read
+            self.maps.drop(ix, addrs, held, lim)
+        slots = st.dests - st.miss_rank * self.seg
+        if st.rows is not None:
+            self.maps.fill(st.uix, st.rows, st.miss_rank, st.miss_idx, slots)
+        else:
+            self.maps.set(st.miss_rank, st.miss_addrs, slots, st.uix.take(st.miss_idx))
+        self._pending_claims = 0
+        self._owners_stale = True  # the new copies' slots in the pool's owner table: at the next `_sync_owners`
+
+    def _sync_owners(self) -> None:
+        """Write the pool's owner table from the maps (every rank's address -> slot)."""
+        if not self._owners_stale:
+            return
+        pool = self.pool
+        pool.own[:] = -1
+        for r in range(self.R):  # loop over ranks
+            keys, vals = self.maps.items(r)
+            pool.own[pool.idx(r * self.seg + vals)] = keys
+        self._owners_stale = False
 
     def _held(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rank, index into addrs, buffer-local place) of every copy of `addrs`, grouped by rank."""
@@ -147,11 +172,12 @@ class LocalBuffers:
         return i, self.base + places
 
     def held(self) -> int:
-        """Copies held now, all ranks."""
-        return int(np.count_nonzero(self.pool.own >= 0))
+        """Copies held now, all ranks: the slots taken, less those the pending plan claimed."""
+        return int(self.pool.in_use.sum()) - self._pending_claims
 
     def check(self) -> None:
         pool = self.pool
+        self._sync_owners()
         pool.check(require, "local-buffer")
         occ_idx = np.flatnonzero(pool.own >= 0)
         occ = pool.places(occ_idx)
@@ -166,7 +192,7 @@ class LocalBuffers:
             require(np.array_equal(keys, owners[sel][order]), "local-buffer map keys disagree with the owners")
             require(np.array_equal(vals, occ[sel][order] - r * self.seg), "local-buffer map slots disagree")
         held = np.unique(owners)
-        self.log.check(require, held, self.space.index(held))
+        self.log.check(require, self.space.index(held))
 
 
 __all__ = ["LocalBuffers"]

@@ -222,14 +222,15 @@ class StampLog:
     or held nowhere; `left[k][r]` bounds the candidates batch k still has for rank r, so a selection skips batches
     without any for the ranks that need victims (per-rank fronts) and a batch is dropped once it has none. A log
     entry is an address per batch (the pinned-keys TP replay: ~18k per batch, where one per rank and slot touched
-    was ~124k). Dead addresses are dropped when the log outgrows COMPACT_FACTOR x the live entries or the slots in
-    use, so memory follows the copies held."""
+    was ~124k), kept as its storage position in the address space (re-mapped when that storage grows), so reading
+    a batch needs no address translation. Dead addresses are dropped when the log outgrows COMPACT_FACTOR x the
+    live entries or the slots in use, so memory follows the copies held."""
 
     def __init__(self, pool, space):
         self.pool, self.space = pool, space
         self.last = np.zeros(space.table.size, dtype=np.int32)  # last batch of each address (0: none)
         self.stamps: list[int] = []  # per batch, ascending
-        self.batches: list[np.ndarray] = []  # addresses, ascending
+        self.batches: list[np.ndarray] = []  # storage positions of its addresses, ascending
         self.left: list[np.ndarray] = []  # per batch: candidates left per rank (an upper bound)
         self.size = 0
         self.limit = 0  # size that triggers a compaction
@@ -237,6 +238,8 @@ class StampLog:
 
     def _grow(self, old) -> None:
         self.last = self.space.rows.relayout(self.last, old, 0)
+        rows, dt = self.space.rows, self._dtype(self.space.size)
+        self.batches = [rows.index(rows.ids(ix, old)).astype(dt, copy=False) for ix in self.batches]
 
     @staticmethod
     def _dtype(limit: int):
@@ -247,11 +250,12 @@ class StampLog:
         """Addresses (storage positions `ix`) touched by the batch `stamp` (> every stamp logged)."""
         self.last[ix] = stamp
 
-    def append(self, addrs: np.ndarray, stamp: int, counts: np.ndarray) -> None:
-        """Log the batch `stamp`'s ascending addresses (stamped already); counts[r]: the addresses rank r touched."""
-        if addrs.size == 0:
+    def append(self, ix: np.ndarray, stamp: int, counts: np.ndarray) -> None:
+        """Log the batch `stamp`'s addresses (storage positions `ix`, ascending; stamped already); counts[r]: the
+        addresses rank r touched."""
+        if ix.size == 0:
             return
-        a = addrs.astype(self._dtype(self.space.size))
+        a = ix.astype(self._dtype(self.space.size))
         if self.stamps and self.stamps[-1] == stamp:  # the same batch again: one entry per address
             a = np.union1d(self.batches[-1], a)
             self.size -= self.batches[-1].size
@@ -269,30 +273,32 @@ class StampLog:
         """Drop dead addresses (order kept)."""
         keep = []
         for s, a, left in zip(self.stamps, self.batches, self.left):  # loop over batches
-            a = a[self.last.take(self.space.index(a)) == s]
+            a = a[self.last.take(a) == s]
             if a.size:
                 keep.append((s, a, left))
         self.stamps, self.batches, self.left = [t[0] for t in keep], [t[1] for t in keep], [t[2] for t in keep]
         self.size = sum(a.size for a in self.batches)
         self.limit = COMPACT_FACTOR * max(self.size, int(self.pool.in_use.sum())) + COMPACT_FLOOR * self.pool.R
 
-    def select(self, need: np.ndarray, maps) -> tuple[np.ndarray, np.ndarray]:
+    def select(self, need: np.ndarray, maps) -> tuple[np.ndarray, np.ndarray, list]:
         """Per rank the need[r] candidates with the smallest (stamp, slot), as pool storage positions (int64)
-        grouped by rank in that order, and found[r]; `maps`: the buffers' slot maps (`rank_major`: every rank's
-        slot + 1 of addresses)."""
+        grouped by rank in that order; found[r]; and what the maps drop when the plan commits (`maps.drop`
+        arguments per batch read: storage positions, addresses where the maps are keyed by address, the rows read
+        (rank-major slot + 1) and per rank the highest slot + 1 taken). `maps`: the buffers' slot maps
+        (`rank_major`: every rank's slot + 1 of addresses)."""
         R, cap = self.pool.R, max(self.pool.cap, 1)
         need = np.asarray(need, dtype=np.int64).copy()
-        parts, found = [], []
+        parts, found, taken = [], [], []
         k = 0
         while k < len(self.batches) and need.any():  # batches oldest first; a batch left with candidates stays
             if not np.logical_and(self.left[k] > 0, need > 0).any():  # nothing here for the ranks that need
                 k += 1
                 continue
-            a = self.batches[k]
-            ix = self.space.index(a)
+            ix = self.batches[k]
             live = self.last.take(ix) == self.stamps[k]
             if not live.all():
-                a, ix = a[live], ix[live]
+                ix = ix[live]
+            a = None if maps.by_index else self.space.rows.ids(ix)
             held = maps.rank_major(a, ix)  # (R, live addresses) slot + 1, 0: no copy
             mask = held != 0  # (nonzero of a bool array is ~5x faster than of int32)
             have = np.count_nonzero(mask, axis=1)
@@ -304,42 +310,48 @@ class StampLog:
                 # slot + 1 in address order within a rank -> storage positions (rank r's slot s is r * cap + s)
                 cand = sub.reshape(-1).take(np.flatnonzero(m)).astype(self._dtype(R * cap))
                 cand += np.repeat(rows * cap - 1, n).astype(cand.dtype)
+                lim = np.zeros(R, dtype=np.int64)  # per rank: slots + 1 up to lim taken
                 if (t == n).all():
                     cand.sort()  # slot order within a rank (ranks stay grouped)
                     got = cand
+                    lim[rows] = np.iinfo(np.int64).max
                 else:  # per rank the t smallest, in order (a partition first where t < n)
                     ends = np.cumsum(n).tolist()
                     got = []
-                    for e, c, tr in zip(ends, n.tolist(), t.tolist()):  # loop over ranks
+                    for r, e, c, tr in zip(rows.tolist(), ends, n.tolist(), t.tolist()):  # loop over ranks
                         mine = cand[e - c:e]
                         if tr < c:
                             mine = np.partition(mine, tr - 1)[:tr]
+                            lim[r] = int(mine[tr - 1]) - r * cap + 1
+                        else:
+                            lim[r] = np.iinfo(np.int64).max
                         mine.sort()
                         got.append(mine)
                     got = np.concatenate(got)
                 parts.append(got)
                 found.append(take)
+                taken.append((ix, a, held, lim))
                 need -= take
             left = have - take
             if left.any():
                 anyh = mask.any(axis=0)  # addresses no rank holds are no candidates again
                 if not anyh.all():
-                    a = a[anyh]
-                self.size += a.size - self.batches[k].size
-                self.batches[k], self.left[k] = a, left
+                    ix = ix[anyh]
+                self.size += ix.size - self.batches[k].size
+                self.batches[k], self.left[k] = ix, left
                 k += 1
             else:
                 self.size -= self.batches[k].size
                 del self.stamps[k], self.batches[k], self.left[k]
-        return _by_rank(parts, found, R)
+        return (*_by_rank(parts, found, R), taken)
 
-    def check(self, require, addrs: np.ndarray, ix: np.ndarray) -> None:
-        """Every held address (`addrs`, storage positions `ix`) is in the logged batch of its last stamp."""
+    def check(self, require, ix: np.ndarray) -> None:
+        """Every held address (storage positions `ix`) is in the logged batch of its last stamp."""
         last = self.last.take(ix)
         at = dict(zip(self.stamps, self.batches))
         for s in np.unique(last).tolist():  # loop over stamps (tests only)
             batch = at.get(s)
-            mine = addrs[last == s]
+            mine = ix[last == s]
             require(batch is not None and np.isin(mine, batch).all(), "a held copy is missing from the LRU log")
 
 

@@ -83,18 +83,44 @@ class DenseSlotMaps:
         """(R, len(addrs)) slot + 1 of every rank, 0 where it holds no copy (`ix`: the storage positions)."""
         return np.ascontiguousarray(self.table.take(ix, axis=0).T)
 
+    by_index = True  # looks up by storage position (`rank_major`, `drop` need no addresses)
+
+    @property
+    def _row_items(self) -> np.ndarray:
+        """The table as one item per address (its R slots as raw bytes): whole rows gathered and written at once."""
+        return self._rows.view(np.dtype((np.void, self._dt.itemsize)))
+
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
         """Every rank's look-up of the ascending batch `addrs` (storage positions `ix`) but its own homes
         (addrs[bounds[r]:bounds[r + 1]]): (hits per rank, miss indices into addrs grouped by rank, ascending address
-        within a rank, misses per rank). All ranks at once: one gather, made rank-major once."""
+        within a rank, misses per rank, the batch's rows as read, for `fill`). All ranks at once: one gather of
+        whole rows, made rank-major once."""
         R, U = self.R, ix.size
-        absent = np.ascontiguousarray((self.table.take(ix, axis=0) == 0).T)  # (R, U): made rank-major as bytes
+        rows = self._row_items.take(ix)
+        absent = np.ascontiguousarray((rows.view(self._dt["s"].base).reshape(U, R) == 0).T)  # (R, U) as bytes
         for r in range(R):  # loop over ranks: the own homes (never held there) are neither hits nor misses
             absent[r, bounds[r]:bounds[r + 1]] = False
         miss = np.flatnonzero(absent)
         m_counts = np.count_nonzero(absent, axis=1)
         miss -= np.repeat(np.arange(R, dtype=np.int64) * U, m_counts)
-        return U - np.diff(bounds) - m_counts, miss, m_counts
+        return U - np.diff(bounds) - m_counts, miss, m_counts, rows
+
+    def fill(self, ix: np.ndarray, rows: np.ndarray, ranks: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
+        """Insert the misses of a batch `remote` read (`rows`, at storage positions `ix`, unchanged since): rank
+        ranks[i] maps the batch's cols[i]-th address to slots[i]. The rows are completed in place and written back
+        whole (one write per address, to lines the read just fetched, instead of one per rank and miss)."""
+        cells = rows.view(self._dt["s"].base)
+        at = np.multiply(cols, self.R, dtype=np.int64)
+        at += ranks
+        cells[at] = slots + 1
+        np.put(self._row_items, ix, rows)  # (np.put: ~20x faster than item assignment for raw-byte items)
+
+    def drop(self, ix: np.ndarray, addrs, held: np.ndarray, lim: np.ndarray) -> None:
+        """Remove the copies a selection took (lru_log.StampLog.select): of the rows `held` (rank-major, read at
+        storage positions `ix` and unchanged since), rank r's slots + 1 up to lim[r]; the rows written back whole."""
+        kept = held * (held > lim[:, None])
+        items = self._row_items
+        np.put(items, ix, np.ascontiguousarray(kept.T).view(items.dtype).reshape(-1))
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
@@ -271,8 +297,11 @@ class HashSlotMaps:
         out += 1
         return out
 
+    by_index = False  # keyed by address: `rank_major` and `drop` need the addresses
+
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
-        """DenseSlotMaps.remote: each rank looks up the two slices of the batch homed elsewhere in one probe run."""
+        """DenseSlotMaps.remote (no rows: `fill` is not offered, callers `set`): each rank looks up the two slices of
+        the batch homed elsewhere in one probe run."""
         hits, miss, m_counts = np.zeros(self.R, np.int64), [], np.zeros(self.R, np.int64)
         for r in range(self.R):  # loop over ranks
             rem = np.concatenate([np.arange(bounds[r]), np.arange(bounds[r + 1], addrs.size)])
@@ -280,7 +309,13 @@ class HashSlotMaps:
             m = rem[~held]
             miss.append(m)
             hits[r], m_counts[r] = rem.size - m.size, m.size
-        return hits, np.concatenate(miss), m_counts
+        return hits, np.concatenate(miss), m_counts, None
+
+    def drop(self, ix: np.ndarray, addrs: np.ndarray, held: np.ndarray, lim: np.ndarray) -> None:
+        """DenseSlotMaps.drop, key by key."""
+        taken = (held != 0) & (held <= lim[:, None])
+        for r in np.flatnonzero(taken.any(axis=1)).tolist():  # loop over ranks
+            self.maps[r].delete(addrs[taken[r]])
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         for r, i in self._by_rank(ranks):
