@@ -99,9 +99,10 @@ class AddressSpace:
 
     def reserve(self, counts) -> None:
         """Grow the tables (every rank at once: one re-layout) so that counts[r] more ids of each rank fit."""
-        need = np.array([s.high_after(int(n)) - r * self.slots_per_rank
-                         for r, (s, n) in enumerate(zip(self.ids, counts))], dtype=np.int64)
-        old = self.rows.grow(need)
+        need = [s.high_after(int(n)) - r * self.slots_per_rank for r, (s, n) in enumerate(zip(self.ids, counts))]
+        if all(k <= c for k, c in zip(need, self.rows.caps.tolist())):  # every row holds its ids already
+            return
+        old = self.rows.grow(np.array(need, dtype=np.int64))
         if old is None:
             return
         self.table = self.rows.relayout(self.table, old, -1)

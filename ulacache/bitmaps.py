@@ -73,9 +73,12 @@ class BucketBitmaps:
         return (self.cold_bits, self.cold_nz) if kind == "cold" else (self.ring_bits[row], self.ring_nz[row])
 
     def _store(self, kind: str, row: int, bitmap: np.ndarray, slots: np.ndarray, delta: int) -> None:
-        """Install the bitmap after a write of `slots` (delta > 0: set), keep its summary flags, count members."""
+        """Install the bitmap after a write of `slots` (delta > 0: set; None: written in place), keep its summary
+        flags, count members."""
         i = -1 if kind == "cold" else row
-        if kind == "cold":
+        if bitmap is None:  # written in place (numpy): copying a row onto itself cost a pass over the row
+            pass
+        elif kind == "cold":
             self.cold_bits = bitmap
         else:
             self.ring_bits[row] = bitmap
@@ -92,8 +95,9 @@ class BucketBitmaps:
     def _write(self, be, age: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear
         kind, row = ("cold", -1) if age > self.num_recent else ("ring", self.row(self.epoch - age))
-        bitmap = be.to_numpy(op(be.asarray(self._bits(kind, row)[0]), be.asarray(slots)))
-        self._store(kind, row, bitmap, slots, slots.size if value else -slots.size)
+        cur = self._bits(kind, row)[0]
+        bitmap = be.to_numpy(op(be.asarray(cur), be.asarray(slots)))
+        self._store(kind, row, None if bitmap is cur else bitmap, slots, slots.size if value else -slots.size)
 
     def remove(self, be, slots: np.ndarray, stamps: np.ndarray) -> None:
         """Take occupied slots (storage positions) out of whatever bucket their stamps put them in."""
@@ -135,7 +139,8 @@ class BucketBitmaps:
         slots, found = be.select_first(bm, be.asarray(pack_summary(nz)), max(self.pool.cap, 64), be.asarray(counts))
         slots, found = be.to_numpy(slots), be.to_numpy(found)
         if slots.size:
-            self._store(kind, row, be.to_numpy(be.bitmap_clear(bm, be.asarray(slots))), slots, -slots.size)
+            out = be.to_numpy(be.bitmap_clear(bm, be.asarray(slots)))
+            self._store(kind, row, None if out is bitmap else out, slots, -slots.size)
         return slots, found
 
     @property

@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 
+FEW_SLOTS = 64  # take_free of at most this many slots runs in Python ints (numpy backend: no per-call array passes)
 GROW_FLOOR = 1024  # smallest storage row (slots or ids per rank)
 SMALL_ROW = 1 << 16  # rows shorter than this double when they grow
 HEADROOM = 8  # longer rows grow to need + need / HEADROOM
@@ -88,6 +89,17 @@ class IdStack:
         self.fresh += n - k
         return np.concatenate([reused, fresh]) if k else fresh
 
+    def pop_few(self, n: int) -> list:
+        """`pop` as a list of Python ints, without array passes (a few ids: a decode token's)."""
+        if n > len(self):
+            raise AssertionError("IdStack.pop beyond capacity (callers check first)")
+        k = min(n, self._len)
+        out = self._buf[self._len - k:self._len][::-1].tolist() if k else []
+        self._len -= k
+        out.extend(range(self.fresh, self.fresh + (n - k)))
+        self.fresh += n - k
+        return out
+
     def push(self, ids: np.ndarray) -> None:
         need = self._len + ids.size
         if need > self._buf.size:
@@ -100,8 +112,10 @@ class IdStack:
 
 def _grown(cap, need, floor: int):
     """Row length after growth to `need` (> cap): a row's first storage is exactly `need` (at least `floor`): a
-    table filled once costs what it holds; then short rows double (few events while they are small) and long rows
-    get need + need / HEADROOM (the slack stays below 1/HEADROOM of the use, where doubling left up to 1x)."""
+    table filled once costs what it holds (callers take the limit instead when need is within 1/HEADROOM of it:
+    the next token would grow the row there, re-laying every table); then short rows double (few events while they
+    are small) and long rows get need + need / HEADROOM (the slack stays below 1/HEADROOM of the use, where
+    doubling left up to 1x)."""
     regrow = np.maximum(need + need // HEADROOM, np.where(cap < SMALL_ROW, 2 * cap, 0))
     return np.maximum(floor, np.where(cap > 0, regrow, need))
 
@@ -265,6 +279,8 @@ class RankRows:
         old = self.cap
         if need > old:
             cap = int(_grown(old, need, self.floor))
+            if old == 0 and need + need // HEADROOM >= self.limit:
+                cap = self.limit  # a first storage near the limit: its next growth (one token on) would reach it
             cap = pad64(cap) if self.limit % 64 == 0 else cap
             self.cap = min(cap, self.limit)
         return old
@@ -335,6 +351,8 @@ class RaggedRows:
         old = self.layout()
         grow = over | ((need > self.caps - self.caps // (2 * HEADROOM)) & (self.caps < self.limit))
         cap = _grown(self.caps, np.maximum(need, self.caps + 1), self.floor)
+        # A first storage near the limit takes the limit: its next growth (one token on) would reach it.
+        cap = np.where((self.caps == 0) & (need + need // HEADROOM >= self.limit), self.limit, cap)
         if self.limit % 64 == 0:
             cap = -(-cap // 64) * 64
         self.caps = np.where(grow, np.minimum(cap, self.limit), self.caps)
@@ -432,6 +450,10 @@ class Pool:
 
     def take_free(self, be, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min(counts[r], free) lowest free slots of each rank, as storage idx grouped by rank; and found[r]."""
+        if getattr(be, "scalar_updates", False):
+            c = counts.tolist()
+            if sum(c) <= FEW_SLOTS and min(c) >= 0:
+                return self._take_few(c)
         if not (counts > 0).any() or (self.in_use >= self.slots).all():  # nothing asked or nothing free
             return np.zeros(0, dtype=np.int64), np.zeros(self.R, dtype=np.int64)
         self.reserve(counts)
@@ -447,6 +469,53 @@ class Pool:
             rows = np.flatnonzero(found)
             self.high[rows] = np.maximum(self.high[rows], last - rows * self.cap + 1)
         return s, found
+
+    def _take_few(self, counts: list) -> tuple[np.ndarray, np.ndarray]:
+        """`take_free` of a few slots (numpy backend) in Python ints: per rank its holes (free slots below high[r],
+        found by reading only the words below high) lowest first, then fresh slots from high[r]: the lowest free
+        slots, what the backend's select_first returns, and the same state after (bitmap, summary, counters)."""
+        R, cap, slots = self.R, self.cap, self.slots
+        in_use, high = self.in_use.tolist(), self.high.tolist()
+        if not any(counts) or min(in_use) >= slots:  # nothing asked or nothing free
+            return np.zeros(0, dtype=np.int64), np.zeros(R, dtype=np.int64)
+        if min(max(u + k for u, k in zip(in_use, counts)), self.seg) > cap:
+            self.reserve(np.array(counts, dtype=np.int64))
+            cap = self.cap
+        fb, words = self.free, self.free.view("<u8")
+        out, found = [], [0] * R
+        for r, k in enumerate(counts):  # loop over ranks
+            if k == 0:
+                continue
+            lo, h, got = r * cap, high[r], []
+            if in_use[r] < h:  # holes: free slots below high, lowest first
+                w0 = lo >> 6
+                for w in words[w0:w0 + ((h + 63) >> 6)].nonzero()[0].tolist():
+                    v = int(words[w0 + w])
+                    while v and len(got) < k:
+                        bit = v & -v
+                        v ^= bit
+                        s = ((w0 + w) << 6) + bit.bit_length() - 1
+                        if s - lo >= h:
+                            break
+                        got.append(s)
+                    if len(got) == k or ((w + 1) << 6) >= h:
+                        break
+            fresh = min(k - len(got), slots - h)
+            if fresh > 0:
+                got.extend(range(lo + h, lo + h + fresh))
+                high[r] = h + fresh
+            for s in got:  # claim: clear the free bits
+                fb[s >> 3] &= 0xFF ^ (1 << (s & 7))
+            found[r] = len(got)
+            in_use[r] += len(got)
+            out.extend(got)
+        self.cleared += len(out)
+        if self.cleared > self.free_nz.size:
+            self.free_nz[:] = words != 0
+            self.cleared = 0
+        self.in_use[:] = in_use
+        self.high[:] = high
+        return np.array(out, dtype=np.int64), np.array(found, dtype=np.int64)
 
     def _take_fresh(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slots [high[r], high[r] + found[r]) of each rank (all free: no holes below), claimed by clearing their free

@@ -19,6 +19,9 @@ class NumpyBackend:
     """Reference backend; arrays are numpy arrays and every state update is in place."""
 
     name = "numpy"
+    # State lives in host numpy arrays updated in place: callers may update a few entries with Python scalars instead
+    # of calling primitives (small batches: per-call array passes cost more than the work). Same results.
+    scalar_updates = True
 
     def asarray(self, a):
         return a

@@ -68,17 +68,18 @@ class PbLruPolicy(ExclusivePolicy):
             parts.append(slots)
             founds.append(found)
             remaining = remaining - found
-        for kind, row in buckets.eviction_order():
-            if not remaining.any():
-                break
-            if buckets.size(kind, row) == 0:
-                continue
-            slots, found = buckets.take(be, kind, row, remaining)
-            if slots.size:
-                parts.append(slots)
-                founds.append(found)
-            remaining = remaining - found
-        require(not remaining.any(), "capacity was checked before selection")
+        if remaining.any():
+            for kind, row in buckets.eviction_order():
+                if not remaining.any():
+                    break
+                if buckets.size(kind, row) == 0:
+                    continue
+                slots, found = buckets.take(be, kind, row, remaining)
+                if slots.size:
+                    parts.append(slots)
+                    founds.append(found)
+                remaining = remaining - found
+            require(not remaining.any(), "capacity was checked before selection")
         dests = self._by_rank(parts, founds)
         buckets.add(be, dests)
         return dests
