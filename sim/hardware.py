@@ -289,7 +289,9 @@ class Fabric:
         # rank symmetry: groups[r] lists rank r's own resources, position j alike on every rank
         self._groups = [tuple(g) for g in groups]
         self._place = {res: (r, j) for r, g in enumerate(self._groups) for j, res in enumerate(g)}
-        self._shape: list[tuple | None] = []  # route index -> (its rank or None, template) or None: no symmetry
+        self._rank_of: list[int | None] = []  # route index -> the rank whose resources it crosses (None: none)
+        self._tid_of: list[int] = []  # route index -> its template (the route with its rank's resources as positions)
+        self._asym: set[int] = set()  # routes crossing several ranks' resources
         self._templates: dict[tuple, int] = {}
         self._made: dict[tuple, dict] = {}  # (rank, template) -> that route on that rank
         self._memos: dict[tuple, tuple] = {}  # caps values -> ({route sequence: rates}, {canonical sequence: rates})
@@ -348,13 +350,15 @@ class Fabric:
         idx = self._route_idx[id(route)] = len(self._route_of)
         self._route_of.append(route)
         ranks = {self._place[res][0] for res in route if res in self._place}
-        shape = None
-        if len(ranks) <= 1:
-            key = tuple(((self._place[res][1],) if res in self._place else res, w) for res, w in route.items())
-            tid = self._templates.setdefault(key if ranks else (idx,), len(self._templates))
-            shape = (ranks.pop() if ranks else None, tid)
-            self._made.setdefault(shape, route)
-        self._shape.append(shape)
+        if len(ranks) > 1:  # spans ranks: no renaming of sequences with it
+            self._asym.add(idx)
+            ranks = set()
+        key = tuple(((self._place[res][1],) if res in self._place else res, w) for res, w in route.items())
+        tid = self._templates.setdefault(key if ranks else (idx,), len(self._templates))
+        rank = ranks.pop() if ranks else None
+        self._made.setdefault((rank, tid), route)
+        self._rank_of.append(rank)
+        self._tid_of.append(tid)
         return idx
 
     def _rates_of(self, sig: tuple) -> list:
@@ -364,23 +368,21 @@ class Fabric:
         resources tie for the tightest step every one of them is full anyway (its load is within a few ulps of its
         cap, far inside the 1e-12 margin). So the sequence is memoised with its ranks renamed in order of first
         appearance, and runs that differ only in which ranks transfer share one computation, bit for bit."""
-        if self._canon_memo is not None:
-            shapes, rename, key = self._shape, {}, []
-            for i in sig:
-                shape = shapes[i]
-                if shape is None:
-                    break
-                r, tid = shape
-                if r is not None:
-                    r = rename.setdefault(r, len(rename))
-                key.append((r, tid))
-            else:
-                key = tuple(key)
-                rates = self._canon_memo.get(key)
-                if rates is None:
-                    rates = self._canon_memo[key] = maxmin_rates([self._make(s) for s in key], self._caps)
-                return rates
-        return maxmin_rates([self._route_of[i] for i in sig], self._caps)
+        canon = self._canon_memo
+        if canon is None or (self._asym and not self._asym.isdisjoint(sig)):
+            return maxmin_rates([self._route_of[i] for i in sig], self._caps)
+        ranks = list(map(self._rank_of.__getitem__, sig))
+        rename = dict.fromkeys(ranks)  # distinct ranks in order of first appearance (None: a shared route)
+        k = 0
+        for r in rename:
+            if r is not None:
+                rename[r] = k
+                k += 1
+        shapes = tuple(zip(map(rename.__getitem__, ranks), map(self._tid_of.__getitem__, sig)))
+        rates = canon.get(shapes)
+        if rates is None:
+            rates = canon[shapes] = maxmin_rates([self._make(x) for x in shapes], self._caps)
+        return rates
 
     def _make(self, shape: tuple) -> dict:
         """The route of template `shape[1]` on rank `shape[0]`."""

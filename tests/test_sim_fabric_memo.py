@@ -76,8 +76,12 @@ def test_fabric_memo_and_batched_starts_move_no_bit(seed):
     rng = random.Random(seed)
     n = rng.randint(2, 6)
     caps, routes = _node(rng, n)
-    flows = [(rng.choice([0.0, 0.0, 1e-3, 2e-3, rng.uniform(0, 5e-3)]), (rng.choice(KINDS), rng.randrange(n)),
-              rng.uniform(1e3, 1e8)) for _ in range(rng.randint(1, 25))]
+    # besides each rank's own routes: one crossing two ranks (no renaming then) and one on the shared cap only
+    routes["cross", 0] = {"nvl0": 1.0, "h2d1": 1.0}
+    routes["shared", 0] = {"host": 0.7}
+    keys = list(routes)
+    flows = [(rng.choice([0.0, 0.0, 1e-3, 2e-3, rng.uniform(0, 5e-3)]), rng.choice(keys), rng.uniform(1e3, 1e8))
+             for _ in range(rng.randint(1, 25))]
     plain = _run(caps, routes, flows)
     groups = [tuple(f"{k}{r}" for k in KINDS) for r in range(n)]
     assert _run(caps, routes, flows, groups=groups) == plain
