@@ -146,6 +146,25 @@ def _per_rank(rows, num_ranks: int) -> np.ndarray:
     return x if x.size == num_ranks else np.resize(x, num_ranks)
 
 
+def _cpu_rows_per_rank(cache, addrs: np.ndarray) -> np.ndarray:
+    """int64[num_ranks]: how many of `addrs` sit in each rank's CPU pool (what `locate` would say, counted from
+    their places without decoding every slot: a prompt is ~100k addresses, once per simulated group)."""
+    lay, n_ranks = cache.layout(), cache.config.num_ranks
+    places = cache.places(addrs)
+    cpu = places[(places >= lay.cpu_base) & (places < lay.buffer_base)].astype(np.int64)
+    cpu -= lay.cpu_base
+    cpu //= max(lay.cpu_slots, 1)
+    return np.bincount(cpu, minlength=n_ranks)[:n_ranks]
+
+
+def _link_rows(plan, num_ranks: int) -> np.ndarray:
+    """A plan's (h2d, d2h, peer) rows per rank as one float64[3, num_ranks] array (`_per_rank` of each)."""
+    links = (plan.h2d_rows_per_rank, plan.d2h_rows_per_rank, plan.peer_rows_per_rank)
+    if all(isinstance(x, np.ndarray) and x.shape == (num_ranks,) for x in links):
+        return np.array(links, dtype=float)
+    return np.array([_per_rank(x, num_ranks) for x in links])
+
+
 class AddressTable:
     """Position -> logical address of every simulated running request, one row per request. Each row ends with one
     padding column that stays -1, so position -1 (a selection's padding) reads -1 without a mask."""
@@ -298,9 +317,7 @@ class PolicyRunner:
         for g, cache in self.caches.items():
             addrs = cache.alloc(rid, int(num_tokens), rank=rank)
             self.tables.add(g, rid, addrs)
-            tier, where, _ = cache.locate(addrs)
-            n_ranks = cache.config.num_ranks
-            cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
+            cpu = _cpu_rows_per_rank(cache, addrs)
             self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
             if g == self.groups[0] and count_prompt:
                 self.prompt_rows += float(cpu.sum()) * self.ks  # one layer's rows, scaled to all requests
@@ -383,7 +400,8 @@ class PolicyRunner:
                 totals["passes"] /= math.ceil(q / chunk)  # sub-batches per chunk (1 = the batch fit at once)
             prompt = self.prompt_cpu_rows.pop(g, None)
             if prompt is not None:
-                totals["d2h"] = np.maximum(totals["d2h"] - np.resize(prompt.astype(float), num_ranks), 0.0)
+                rows = totals["rows"]  # (this step's own array)
+                rows[1] = np.maximum(rows[1] - np.resize(prompt.astype(float), num_ranks), 0.0)  # d2h
             out[g] = self._ratios(totals, per_rank)
             if pilot:  # the pilot's stratification reads the groups' totals; nothing else does
                 acc = self.group_totals.setdefault(g, np.zeros(3))
@@ -483,8 +501,7 @@ class PolicyRunner:
             "misses": float(plan.num_misses), "exchanges": float(plan.num_exchanges),
             "local_hits": float(getattr(plan, "num_local_hits", 0)),
             "peer_fetches": float(getattr(plan, "num_peer_fetches", 0)),
-            "h2d": _per_rank(plan.h2d_rows_per_rank, num_ranks), "d2h": _per_rank(plan.d2h_rows_per_rank, num_ranks),
-            "peer": _per_rank(plan.peer_rows_per_rank, num_ranks),
+            "rows": _link_rows(plan, num_ranks),  # float64[3, num_ranks]: h2d, d2h, peer rows per rank
         }
 
     def _ratios(self, t: dict, per_rank: tuple) -> dict:
@@ -494,12 +511,11 @@ class PolicyRunner:
         refs = max(t["refs"], 1.0)
         out = {k: t[k] / refs for k in ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches")}
         out["passes"] = t["passes"]  # sub-batches the access batch was served in (not per reference)
-        for link in ("h2d", "d2h", "peer"):
-            rows = t[link]
-            ratio = rows / total_ref_rank
-            if any_idle:
-                ratio[idle] = rows.sum() / refs  # ranks without simulated requests: the global ratio
-            out[link] = ratio
+        rows = t["rows"]  # the three links at once
+        ratio = rows / total_ref_rank
+        if any_idle:  # ranks without simulated requests: the global ratio (a row's sum is its link's own sum)
+            ratio[:, idle] = (rows.sum(axis=1) / refs)[:, None]
+        out["h2d"], out["d2h"], out["peer"] = ratio
         return out
 
 
