@@ -439,7 +439,7 @@ class SyntheticSelections:
         step32 = step.astype(np.uint32)
         scol = step32[None, :, None]
         u16 = np.uint32(16)
-        lo, ln = self._hist_terms(plans, dom, tb, hcol)  # per column: base position of the draw; fresh length
+        lo, ln, mult = self._hist_terms(plans, dom, tb, hcol)  # per column: base position, fresh length, multiplier
         with np.errstate(over="ignore"):
             # stable and recurring strata: the candidate window's offset in this drift epoch (0 for fresh ones)
             ck = scol + tb["phase"]
@@ -458,7 +458,8 @@ class SyntheticSelections:
                 ln -= par.view(np.int32)
                 ln += 1
                 ln >>= 1
-            mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])
+            if mult is None or plan.early:  # (early strata: ln moved with the step's parity above)
+                mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])
             ts = t ^ _step_keys(step32)[None, :, None]
             ts *= np.uint32(0x846CA68B)
             if q > 1:  # query tokens > 0 redraw where the top bits reach spec_share (query 0 never reads this)
@@ -483,12 +484,13 @@ class SyntheticSelections:
         return out
 
     def _hist_terms(self, plans: tuple[GroupPlan, ...], dom: int, tb: dict, hcol: np.ndarray):
-        """(lo, ln) of `_select_main`: the parts that depend on the history length alone (`_hist_terms_of`). For one
-        row they are kept per (groups, domain) with the interval of history lengths over which none of the
-        comparisons behind them changes (`_hist_interval`), so most decode steps copy them instead of recomputing
-        them (~40 us of ~150 at batch size 1). `lo` is read-only to the caller; `ln` is its own."""
+        """(lo, ln, mult) of `_select_main`: the parts that depend on the history length alone (`_hist_terms_of`;
+        mult = the draw's multiplier from ln, None when not kept). For one row they are kept per (groups, domain)
+        with the interval of history lengths over which none of the comparisons behind them changes
+        (`_hist_interval`), so most decode steps copy them instead of recomputing them (~50 us of ~150 at batch
+        size 1). `lo` and `mult` are read-only to the caller; `ln` is its own."""
         if hcol.size != 1:
-            return _hist_terms_of(tb, hcol)
+            return (*_hist_terms_of(tb, hcol), None)
         h = int(hcol.reshape(-1)[0])
         key = (tuple(p.group for p in plans), dom)
         c = self._hist_cache.get(key)
@@ -496,11 +498,14 @@ class SyntheticSelections:
             if len(self._hist_cache) > 256:
                 self._hist_cache.clear()
             c = self._hist_cache[key] = _hist_interval(tb, h)
-        _, _, lo, ln, cut, cut_start = c
+        _, _, lo, ln, cut, cut_start, mult, cut_fresh = c
         ln = ln.copy()
         if cut.size:  # the strata cut at the end of the history: their length follows it
             ln.reshape(-1)[cut] = np.int32(h) - cut_start
-        return lo, ln
+            if cut_fresh.size:  # ... and so does their multiplier where fresh
+                mult = mult.copy()
+                mult.reshape(-1)[cut_fresh] = ln.reshape(-1)[cut_fresh].view(np.uint32)
+        return lo, ln, mult
 
     def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
         """Histories of top_k..~2 top_k: score every position with a hash (sink and recent forced in), take top-k.
@@ -550,7 +555,8 @@ def _hist_terms_of(tb: dict, hcol: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _hist_interval(tb: dict, h: int) -> tuple:
-    """(a, b, lo, ln, cut, cut_start) for one row at middle length h: `_hist_terms_of` there, and the lengths
+    """(a, b, lo, ln, cut, cut_start, mult, cut_fresh) for one row at middle length h: `_hist_terms_of` there (and
+    the non-early multiplier from it; `cut_fresh`: the cut columns that are fresh strata), and the lengths
     [a, b) over which it stays the same except that the columns `cut` (flat indices; their starts `cut_start`) have
     ln = length - start. Every comparison behind lo and ln is `length < threshold` (a fold: start_cw; a mirror's
     half: mirror_cw; a cut: start + its uncut length, where not folded), so it holds between consecutive
@@ -568,8 +574,10 @@ def _hist_interval(tb: dict, h: int) -> tuple:
     below, above = thr[thr <= h], thr[thr > h]
     a = int(below.max()) if below.size else -(1 << 62)
     b = int(above.min()) if above.size else 1 << 62
+    mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])  # as `_select_main` makes it (not early)
     lo.setflags(write=False)
-    return a, b, lo, ln, cut, tb["start"].reshape(-1)[cut]
+    mult.setflags(write=False)
+    return a, b, lo, ln, cut, tb["start"].reshape(-1)[cut], mult, cut[tb["fresh"].reshape(-1)[cut]]
 
 
 def _domains(hm: np.ndarray, kp: int) -> np.ndarray:
