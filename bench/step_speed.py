@@ -6,7 +6,11 @@ change, unpacked with `git archive`), so before/after figures come from one scri
 the figures (before / after) and the JSON keeps every label it has seen.
 
 Usage: python bench/step_speed.py [--tree DIR] [--label after] [--out bench/results/step_speed.json]
-       [--only hisparse:dp:h200:0,...]
+       [--only hisparse:dp:h200:0,...] [--base DIR --reps N]
+
+`--base DIR` runs an A/B on a shared, noisy machine: for each replay, N rounds of (base tree, then --tree), back to
+back, so both see the same load; the label keeps every round and the medians (`ab`), with both trees' metrics (they
+must be equal for a speed-only change).
 """
 from __future__ import annotations
 
@@ -56,10 +60,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "step_speed.json")
     ap.add_argument("--only", default=",".join(RUNS))
     ap.add_argument("--as-limit-gb", type=float, default=6.0)
+    ap.add_argument("--base", type=Path, default=None, help="A/B: the tree to compare against, run alternately")
+    ap.add_argument("--reps", type=int, default=2, help="A/B rounds per replay (with --base)")
+    ap.add_argument("--note", default="", help="what the trees are (e.g. the commit a `git archive` base came from)")
     args = ap.parse_args(argv)
     tree = args.tree.resolve()
-    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "n/a (not a git checkout)"
+    commit = _commit(tree)
+    if args.base is not None:
+        return _ab(args, args.base.resolve(), tree)
     results = []
     for run in args.only.split(","):
         r = run_one(run, tree, int(args.as_limit_gb * 1e9))
@@ -74,6 +82,41 @@ def main(argv=None) -> int:
                        "commit": commit, "machine": f"{platform.node()} {platform.machine()} "
                                                     f"{os.cpu_count()} cores, {platform.python_version()}",
                        "load_after": [round(x, 2) for x in os.getloadavg()], "runs": results}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def _commit(tree: Path) -> str:
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "n/a (not a git checkout)"
+
+
+def _ab(args, base: Path, tree: Path) -> int:
+    """Alternate base / tree replays, `args.reps` rounds each; medians of CPU seconds per tree."""
+    import statistics
+
+    limit = int(args.as_limit_gb * 1e9)
+    rows = {}
+    for run in args.only.split(","):
+        rounds = []
+        for _ in range(args.reps):
+            pair = {"base": run_one(run, base, limit), "tree": run_one(run, tree, limit)}
+            print(f"{run:24s} base {pair['base']['cpu_s']:7.2f} CPU-s  tree {pair['tree']['cpu_s']:7.2f} CPU-s  "
+                  f"load {pair['base']['load_before'][0]:.1f}", flush=True)
+            rounds.append(pair)
+        med = {k: round(statistics.median(r[k]["cpu_s"] for r in rounds), 2) for k in ("base", "tree")}
+        same = all(r["base"]["metrics"] == r["tree"]["metrics"] for r in rounds)
+        rows[run] = {"median_cpu_s": med, "metrics_equal": same, "rounds": rounds}
+        print(f"{run:24s} median base {med['base']:.2f} -> tree {med['tree']:.2f} CPU-s, metrics equal: {same}",
+              flush=True)
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {}
+    doc[args.label] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "command": " ".join([Path(sys.executable).name] + sys.argv),
+                       "base": {"tree": str(base), "commit": _commit(base)},
+                       "tree": {"tree": str(tree), "commit": _commit(tree)},
+                       "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
+                                  f"{platform.python_version()}",
+                       "load_after": [round(x, 2) for x in os.getloadavg()], "note": args.note, "ab": rows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
