@@ -133,6 +133,7 @@ class Engine:
         self._reps = (None, [], None)  # (group map bytes, simulated representatives, index of each group's)
         self._links_memo: dict[bytes, dict] = {}  # _links' inputs (exact bits) -> its result
         self._net_bytes: dict = {}  # tokens of a step -> (all-gather, layer-collective) link bytes it adds
+        self._terms = self._layer_col = None  # _account's per-group terms buffer (row 0 stays 0) and layer weights
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -475,9 +476,13 @@ class Engine:
             reps, where = self._simulated_reps()
             per_rep = np.array([[(x[0] if copies > 1 else x.sum()) for x in rows[rep]]
                                 + [ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all] for rep in reps])
-            terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0 as scalar sums did
-            np.multiply(per_rep[where], layer_w[:, None], out=terms[1:])
-            terms[1:, :3] *= copies
+            terms = self._terms
+            if terms is None or terms.shape[0] != len(where) + 1:
+                terms = self._terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0
+                self._layer_col = layer_w[:, None]  # (as scalar sums did)
+            np.multiply(per_rep.take(where, axis=0), self._layer_col, out=terms[1:])
+            if copies != 1:
+                terms[1:, :3] *= copies
             link_rows[0], link_rows[1], link_rows[2], hits, unique = np.cumsum(terms, axis=0)[-1]  # in group order
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_all * m.num_layers
