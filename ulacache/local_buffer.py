@@ -19,8 +19,8 @@ import numpy as np
 
 from . import slot_map
 from .errors import CapacityError, require
-from .plan import Plan
 from .lru_log import StampLog
+from .plan import Plan
 from .pools import Pool, merge_by_rank
 
 
@@ -40,8 +40,8 @@ class _BufState:
     dests: np.ndarray  # buffer-local places
     dest_idx: np.ndarray  # pool storage positions of the dests
     uix: np.ndarray  # the batch's address-storage positions
-    rows: np.ndarray | None  # the batch's map rows as read (slot_map `fill`), None: insert key by key
-    taken: list  # the victims' map entries (slot_map `drop` arguments)
+    writes: list  # map writes at commit (slot_map `drop`s of the victims, then the `fill` of the misses)
+    fill: bool  # whether `writes` inserts the misses (else they are inserted key by key)
 
 
 class LocalBuffers:
@@ -103,9 +103,9 @@ class LocalBuffers:
         s0, f0 = pool.take_free(be, counts)
         self._pending_claims = int(f0.sum())
         rest = counts - f0
-        taken = []
+        writes = []
         if rest.any():
-            got, found, taken = self.log.select(rest, self.maps)
+            got, found, writes = self.log.select(rest, self.maps)
             dest_idx = merge_by_rank([s0, got], [f0, found])
         else:
             dest_idx = s0
@@ -118,21 +118,21 @@ class LocalBuffers:
         plan.peer_rows_per_rank = counts
         plan.move_src = np.concatenate([plan.move_src, src])
         plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        plan.buffer_state = _BufState(miss_addrs, miss_idx, counts, miss_rank, dests, dest_idx, uix, rows, taken)
+        if rows is not None:  # the batch's rows with the misses in (a copy: the maps change at commit)
+            writes.append(self.maps.fill(uix, rows, miss_rank, miss_idx, dests - miss_rank * self.seg))
+        plan.buffer_state = _BufState(miss_addrs, miss_idx, counts, miss_rank, dests, dest_idx, uix, writes,
+                                      rows is not None)
 
     def commit(self, plan: Plan) -> None:
-        st, pool = plan.buffer_state, self.pool
+        st = plan.buffer_state
         # All ranks at once (each rank's row of the maps is its own): victims out, then the misses in (a rank's
         # victim is never one of its misses). The rows a plan read are unchanged until its commit (no access, alloc
         # or free runs in between) and the victims' rows are not the batch's (their last stamp is older), so both
         # are written back whole.
-        for ix, addrs, held, lim in st.taken:  # loop over the batches the selection read
-            self.maps.drop(ix, addrs, held, lim)
-        slots = st.dests - st.miss_rank * self.seg
-        if st.rows is not None:
-            self.maps.fill(st.uix, st.rows, st.miss_rank, st.miss_idx, slots)
-        else:
-            self.maps.set(st.miss_rank, st.miss_addrs, slots, st.uix.take(st.miss_idx))
+        for change in st.writes:  # loop over the batches the selection read, then this batch
+            self.maps.write(change)
+        if not st.fill:
+            self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg, st.uix.take(st.miss_idx))
         self._pending_claims = 0
         self._owners_stale = True  # the new copies' slots in the pool's owner table: at the next `_sync_owners`
 

@@ -282,10 +282,9 @@ class StampLog:
 
     def select(self, need: np.ndarray, maps) -> tuple[np.ndarray, np.ndarray, list]:
         """Per rank the need[r] candidates with the smallest (stamp, slot), as pool storage positions (int64)
-        grouped by rank in that order; found[r]; and what the maps drop when the plan commits (`maps.drop`
-        arguments per batch read: storage positions, addresses where the maps are keyed by address, the rows read
-        (rank-major slot + 1) and per rank the highest slot + 1 taken). `maps`: the buffers' slot maps
-        (`rank_major`: every rank's slot + 1 of addresses)."""
+        grouped by rank in that order; found[r]; and the victims' removal from the maps, for the plan's commit
+        (`maps.drop` of each batch read, for `maps.write`). `maps`: the buffers' slot maps (`rank_major`: every
+        rank's slot + 1 of addresses)."""
         R, cap = self.pool.R, max(self.pool.cap, 1)
         need = np.asarray(need, dtype=np.int64).copy()
         parts, found, taken = [], [], []
@@ -330,11 +329,14 @@ class StampLog:
                     got = np.concatenate(got)
                 parts.append(got)
                 found.append(take)
-                taken.append((ix, a, held, lim))
+                kept = held * (held > lim[:, None])
+                taken.append(maps.drop(ix, a, held, kept))
                 need -= take
+            else:
+                kept = held
             left = have - take
             if left.any():
-                anyh = mask.any(axis=0)  # addresses no rank holds are no candidates again
+                anyh = kept.any(axis=0)  # addresses no rank holds once this plan commits are no candidates again
                 if not anyh.all():
                     ix = ix[anyh]
                 self.size += ix.size - self.batches[k].size

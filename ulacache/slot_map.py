@@ -81,7 +81,7 @@ class DenseSlotMaps:
 
     def rank_major(self, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
         """(R, len(addrs)) slot + 1 of every rank, 0 where it holds no copy (`ix`: the storage positions)."""
-        return np.ascontiguousarray(self.table.take(ix, axis=0).T)
+        return np.ascontiguousarray(self._row_items.take(ix).view(self._dt["s"].base).reshape(ix.size, self.R).T)
 
     by_index = True  # looks up by storage position (`rank_major`, `drop` need no addresses)
 
@@ -100,27 +100,32 @@ class DenseSlotMaps:
         absent = np.ascontiguousarray((rows.view(self._dt["s"].base).reshape(U, R) == 0).T)  # (R, U) as bytes
         for r in range(R):  # loop over ranks: the own homes (never held there) are neither hits nor misses
             absent[r, bounds[r]:bounds[r + 1]] = False
-        miss = np.flatnonzero(absent)
-        m_counts = np.count_nonzero(absent, axis=1)
-        miss -= np.repeat(np.arange(R, dtype=np.int64) * U, m_counts)
+        miss = np.flatnonzero(absent)  # r * U + column, ascending
+        cut = miss.searchsorted(np.arange(R + 1, dtype=np.int64) * U).tolist()
+        for r in range(1, R):  # loop over ranks: columns
+            miss[cut[r]:cut[r + 1]] -= r * U
+        m_counts = np.diff(cut)
         return U - np.diff(bounds) - m_counts, miss, m_counts, rows
 
-    def fill(self, ix: np.ndarray, rows: np.ndarray, ranks: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
-        """Insert the misses of a batch `remote` read (`rows`, at storage positions `ix`, unchanged since): rank
-        ranks[i] maps the batch's cols[i]-th address to slots[i]. The rows are completed in place and written back
-        whole (one write per address, to lines the read just fetched, instead of one per rank and miss)."""
+    def fill(self, ix: np.ndarray, rows: np.ndarray, ranks: np.ndarray, cols: np.ndarray, slots: np.ndarray):
+        """The write (for `write`) that inserts a batch's misses: rank ranks[i] maps the batch's cols[i]-th address
+        to slots[i]; `rows`: the batch's rows `remote` read (at storage positions `ix`), completed in place."""
         cells = rows.view(self._dt["s"].base)
         at = np.multiply(cols, self.R, dtype=np.int64)
         at += ranks
         cells[at] = slots + 1
-        np.put(self._row_items, ix, rows)  # (np.put: ~20x faster than item assignment for raw-byte items)
+        return ix, rows
 
-    def drop(self, ix: np.ndarray, addrs, held: np.ndarray, lim: np.ndarray) -> None:
-        """Remove the copies a selection took (lru_log.StampLog.select): of the rows `held` (rank-major, read at
-        storage positions `ix` and unchanged since), rank r's slots + 1 up to lim[r]; the rows written back whole."""
-        kept = held * (held > lim[:, None])
-        items = self._row_items
-        np.put(items, ix, np.ascontiguousarray(kept.T).view(items.dtype).reshape(-1))
+    def drop(self, ix: np.ndarray, addrs, held: np.ndarray, kept: np.ndarray):
+        """The write (for `write`) that removes the copies a selection took (lru_log.StampLog.select): the rows at
+        storage positions `ix` read as `held` (rank-major slot + 1) become `kept` (the victims' cells 0)."""
+        return ix, np.ascontiguousarray(kept.T).view(self._row_items.dtype).reshape(-1)
+
+    def write(self, change) -> None:
+        """Apply a `fill` or `drop` made from rows unchanged since they were read: each row written back whole (one
+        write per address instead of one per rank and key)."""
+        ix, rows = change
+        np.put(self._row_items, ix, rows)  # (np.put: ~20x faster than item assignment for raw-byte items)
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
@@ -311,11 +316,15 @@ class HashSlotMaps:
             hits[r], m_counts[r] = rem.size - m.size, m.size
         return hits, np.concatenate(miss), m_counts, None
 
-    def drop(self, ix: np.ndarray, addrs: np.ndarray, held: np.ndarray, lim: np.ndarray) -> None:
-        """DenseSlotMaps.drop, key by key."""
-        taken = (held != 0) & (held <= lim[:, None])
-        for r in np.flatnonzero(taken.any(axis=1)).tolist():  # loop over ranks
-            self.maps[r].delete(addrs[taken[r]])
+    def drop(self, ix: np.ndarray, addrs: np.ndarray, held: np.ndarray, kept: np.ndarray):
+        """DenseSlotMaps.drop: the keys to delete per rank."""
+        taken = held != kept
+        return [(r, addrs[taken[r]]) for r in np.flatnonzero(taken.any(axis=1)).tolist()]  # loop over ranks
+
+    def write(self, change) -> None:
+        """DenseSlotMaps.write of a `drop`, key by key."""
+        for r, keys in change:  # loop over ranks
+            self.maps[r].delete(keys)
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         for r, i in self._by_rank(ranks):
