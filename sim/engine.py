@@ -133,6 +133,7 @@ class Engine:
         self._reps = (None, [], None)  # (group map bytes, simulated representatives, index of each group's)
         self._links_memo: dict[bytes, dict] = {}  # _links' inputs (exact bits) -> its result
         self._net_bytes: dict = {}  # tokens of a step -> (all-gather, layer-collective) link bytes it adds
+        self._per_tokens: dict = {}  # tokens of a (sub-)batch -> the rank-independent parts of `_shared_work`
         self._terms = self._layer_col = None  # _account's per-group terms buffer (row 0 stays 0) and layer weights
 
     # ------------------------------------------------------------------ admission
@@ -366,13 +367,17 @@ class Engine:
         """The parts of batch b's group work that do not depend on the rank (computed once per step)."""
         cfg, sysm, costs, m = self.cfg, self.system, self.costs, self.cfg.model
         n_gpu, tp, tokens = cfg.num_gpus, sysm.tp, b.tokens_total
-        allgather_b = sysm.indexer_allgather_bytes(tokens)
-        return dict(
-            keys=sysm.indexer_keys(b.hist_rank.tolist(), float(b.hist.sum())),
-            heads=m.num_heads / n_gpu if tp else m.num_heads,
-            allgather_s=costs.distributed_topk_s(allgather_b, tokens, n_gpu) if allgather_b else 0.0,
-            ffn_s=costs.ffn_s(tokens, n_gpu, attn_replicated=not tp),
-            collective_s=costs.layer_collectives_s(tokens / n_gpu, n_gpu, tp))
+        per_tokens = self._per_tokens.get(tokens)
+        if per_tokens is None:  # pure functions of the step's token count (the same step after step at a fixed batch)
+            allgather_b = sysm.indexer_allgather_bytes(tokens)
+            if len(self._per_tokens) > 4096:
+                self._per_tokens.clear()
+            per_tokens = self._per_tokens[tokens] = dict(
+                heads=m.num_heads / n_gpu if tp else m.num_heads,
+                allgather_s=costs.distributed_topk_s(allgather_b, tokens, n_gpu) if allgather_b else 0.0,
+                ffn_s=costs.ffn_s(tokens, n_gpu, attn_replicated=not tp),
+                collective_s=costs.layer_collectives_s(tokens / n_gpu, n_gpu, tp))
+        return dict(keys=sysm.indexer_keys(b.hist_rank.tolist(), float(b.hist.sum())), **per_tokens)
 
     def _compute(self, b: Batch, r: int, shared: dict | None = None) -> dict:
         """Rank r's compute for one indexer group of batch b (per layer where GroupWork says so); `shared` is
