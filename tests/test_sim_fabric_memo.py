@@ -97,3 +97,40 @@ def test_fabric_caps_change_only_through_set_cap():
     assert fab._canon_memo is None  # the ranks are no longer alike: no renaming
     fab.set_cap("a", 1.0)
     assert fab._canon_memo is not None
+
+
+def _trace_all_of(seed: int, use_simpy: bool) -> list:
+    """Several waiters on random sets of timeouts (ties, some already processed when the waiter starts waiting),
+    each scheduling more work when it resumes: the order and times of everything that happens."""
+    import simpy
+
+    from sim.timing import all_of
+
+    rng = random.Random(seed)
+    env = make_env()
+    log = []
+    evs = [env.timeout(rng.choice([0.0, 1.0, 1.0, 2.0, 3.0])) for _ in range(8)]
+    for e, ev in enumerate(evs):
+        ev.callbacks.append(lambda _e, e=e: log.append(("ev", e, env.now)))
+
+    def waiter(w, delay, picks):
+        yield env.timeout(delay)
+        group = [evs[i] for i in picks]
+        if len(group) == 1:  # a plain waiter beside the condition waiters: their relative order is what matters
+            yield group[0]
+        else:
+            yield simpy.AllOf(env, group) if use_simpy else all_of(env, group)
+        log.append(("woke", w, env.now))
+        yield env.timeout(rng.choice([0.0, 1.0]))
+        log.append(("after", w, env.now))
+
+    for w in range(8):
+        env.process(waiter(w, rng.choice([0.0, 1.0, 2.5]), rng.sample(range(8), rng.choice([1, 1, 2, 3, 4]))))
+    env.run()
+    return log
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_all_of_orders_events_as_simpy_allof(seed):
+    assert _trace_all_of(seed, use_simpy=False) == _trace_all_of(seed, use_simpy=True)
