@@ -7,7 +7,7 @@ every modelled metric (all but wall / cpu / rss / memory-estimate keys and `simp
 count), so the JSON shows the trees agree. Trees run alternately (before, after, before, ...) because the machine is
 shared. `--tree NAME=DIR` names a checkout to import (e.g. `git archive` of the commit before the change).
 
-Usage: python bench/fabric_speed.py --tree before=/tmp/base --tree after=. [--repeat 1]
+Usage: python bench/fabric_speed.py --tree before=/tmp/base --tree after=. [--repeat 1] [--note TEXT]
        [--only paper,hisparse:dp:h200:0] [--out bench/results/fabric_speed.json]
 Targets (issue 10, this 2-core machine): paper default <= 30 CPU-s, batch-1 replays <= 10 CPU-s.
 """
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(RUNS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fabric_speed.json")
     ap.add_argument("--as-limit-gb", type=float, default=6.0)
+    ap.add_argument("--note", default="", help="what the trees are (e.g. which files of which commit)")
     args = ap.parse_args(argv)
     trees = {}
     for item in args.tree:
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
            "trees": {name: {"path": str(tree), "commit": subprocess.run(
                ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
            ).stdout.strip() or "n/a (not a git checkout)"} for name, tree in trees.items()},
-           "load_after": [round(x, 2) for x in os.getloadavg()], "summary": summary, "runs": runs}
+           "note": args.note, "load_after": [round(x, 2) for x in os.getloadavg()], "summary": summary,
+           "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
