@@ -99,9 +99,11 @@ class AddressSpace:
 
     def reserve(self, counts) -> None:
         """Grow the tables (every rank at once: one re-layout) so that counts[r] more ids of each rank fit."""
-        need = [s.high_after(int(n)) - r * self.slots_per_rank for r, (s, n) in enumerate(zip(self.ids, counts))]
-        if all(k <= c for k, c in zip(need, self.rows.caps.tolist())):  # every row holds its ids already
-            return
+        counts = [int(n) for n in counts]
+        caps, spr = self.rows.caps, self.slots_per_rank
+        if all(n <= 0 or self.ids[r].high_after(n) - r * spr <= caps[r] for r, n in enumerate(counts)):
+            return  # every row holds its ids already (the others' ids in use always fit their rows)
+        need = [s.high_after(n) - r * spr for r, (s, n) in enumerate(zip(self.ids, counts))]
         old = self.rows.grow(np.array(need, dtype=np.int64))
         if old is None:
             return

@@ -115,9 +115,17 @@ class BucketBitmaps:
         in it already and are left alone (most hits, while an epoch lasts). Returns the slots moved."""
         if slots.size == 0:
             return slots
-        moved = slots.take(np.flatnonzero(stamps.take(slots) != self.epoch))
-        self.remove(be, moved, stamps)
-        self.add(be, moved)
+        st = stamps.take(slots)
+        idx = np.flatnonzero(st != self.epoch)
+        moved = slots.take(idx)
+        if idx.size:
+            st = st.take(idx)
+            low = int(st.min())
+            if low == int(st.max()):  # one old stamp (often: the epoch before): one bucket, no per-slot ages
+                self._write(be, min(max(self.epoch - low, 0), self.num_recent + 1), moved, False)
+            else:
+                self.remove(be, moved, stamps)
+            self.add(be, moved)
         return moved
 
     def add(self, be, slots: np.ndarray) -> None:
