@@ -10,6 +10,10 @@ address-major table while the addresses in use keep it under slot_map.DENSE_LIMI
 ranks looked up at once. The slots live in a `pools.Pool` (storage grows with the copies held); the LRU order is a
 `lru_log.StampLog` of the access batches' addresses with one last-access stamp per address (every rank touches
 every address of a batch not homed on it), so a selection reads the oldest batches, not the whole buffer.
+The work is mostly random reads and writes of large tables, so each is done once per address where it can be: a
+plan keeps the map rows it reads (the batch's, the victims'), changes its own copies of them, and its commit
+writes them back whole (dense maps: one write per address, not per rank and key). The maps are the authority on
+which address a slot holds: the pool's owner table is written from them when `check` reads it.
 """
 from __future__ import annotations
 
