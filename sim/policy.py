@@ -162,6 +162,8 @@ def _link_rows(plan, num_ranks: int) -> np.ndarray:
     links = (plan.h2d_rows_per_rank, plan.d2h_rows_per_rank, plan.peer_rows_per_rank)
     if all(isinstance(x, np.ndarray) and x.shape == (num_ranks,) for x in links):
         return np.array(links, dtype=float)
+    if all(isinstance(x, np.ndarray) and x.shape == (1,) for x in links):  # a replicated cache: its one rank repeated
+        return np.array(links, dtype=float).repeat(num_ranks, axis=1)
     return np.array([_per_rank(x, num_ranks) for x in links])
 
 
