@@ -145,3 +145,19 @@ def _rss_anon():
     except OSError:
         pass
     return None
+
+
+def test_structured_tables_keep_their_records():
+    """A structured table (the TP slot maps: one record of R slots per address) keeps every record through in-place
+    and new-buffer re-layouts (numpy reads a record whose first element is zero as zero)."""
+    dt = np.dtype([("s", np.int32, (3,))])
+    rows = RaggedRows(2, STRIDE, STRIDE)
+    arr = rows.relayout(np.zeros(0, dtype=dt), rows.grow(np.array([1000, 0])), 0)
+    arr["s"][5] = [0, 2, 3]  # rank 0 holds no copy: numpy reads the record as zero
+    for need in ([1000, 1000], [2100, 1000], [9000, 8000]):  # a row behind, in place, a new buffer
+        old = rows.grow(np.array(need))
+        assert old is not None
+        arr = rows.relayout(arr, old, 0)
+        at = rows.index(np.array([5, STRIDE + 5]))
+        assert arr["s"][at[0]].tolist() == [0, 2, 3] and arr["s"][at[1]].tolist() == [0, 0, 0]
+        assert int(np.count_nonzero(arr["s"])) == 2

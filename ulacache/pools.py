@@ -212,10 +212,18 @@ def _lazy_put(dst: np.ndarray, src: np.ndarray | None, dst_zero: bool) -> None:
     """dst = src (None: zeros) in a zero-filled table without writing pages that stay zero: an all-zero source is
     written only where dst is not already zero (`dst_zero`: known zero), so untouched pages of a mapping stay
     unmapped (a page's first write is the costly part of a re-layout, and what makes it resident)."""
-    if src is not None and src.any():
+    if src is not None and _any(src):
         dst[...] = src
-    elif not dst_zero and dst.any():
+    elif not dst_zero and _any(dst):
         dst[...] = 0
+
+
+def _any(a: np.ndarray) -> bool:
+    """Whether `a` holds a non-zero element; a structured array by its fields (its own any() reads every record as
+    False: re-laid that way, the TP local buffers' slot maps lost their keys)."""
+    if a.dtype.names is None:
+        return bool(a.any())
+    return any(bool(a[name].any()) for name in a.dtype.names)
 
 
 def _relayout(arr: np.ndarray, olds: list[int], oleft: list[int], news: list[int], left: list[int], total: int,
