@@ -146,17 +146,6 @@ def _per_rank(rows, num_ranks: int) -> np.ndarray:
     return x if x.size == num_ranks else np.resize(x, num_ranks)
 
 
-def _cpu_rows_per_rank(cache, addrs: np.ndarray) -> np.ndarray:
-    """int64[num_ranks]: how many of `addrs` sit in each rank's CPU pool (what `locate` would say, counted from
-    their places without decoding every slot: a prompt is ~100k addresses, once per simulated group)."""
-    lay, n_ranks = cache.layout(), cache.config.num_ranks
-    places = cache.places(addrs)
-    cpu = places[(places >= lay.cpu_base) & (places < lay.buffer_base)].astype(np.int64)
-    cpu -= lay.cpu_base
-    cpu //= max(lay.cpu_slots, 1)
-    return np.bincount(cpu, minlength=n_ranks)[:n_ranks]
-
-
 def _link_rows(plan, num_ranks: int) -> np.ndarray:
     """A plan's (h2d, d2h, peer) rows per rank as one float64[3, num_ranks] array (`_per_rank` of each)."""
     links = (plan.h2d_rows_per_rank, plan.d2h_rows_per_rank, plan.peer_rows_per_rank)
@@ -319,7 +308,9 @@ class PolicyRunner:
         for g, cache in self.caches.items():
             addrs = cache.alloc(rid, int(num_tokens), rank=rank)
             self.tables.add(g, rid, addrs)
-            cpu = _cpu_rows_per_rank(cache, addrs)
+            tier, where, _ = cache.locate(addrs)
+            n_ranks = cache.config.num_ranks
+            cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
             self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
             if g == self.groups[0] and count_prompt:
                 self.prompt_rows += float(cpu.sum()) * self.ks  # one layer's rows, scaled to all requests
