@@ -113,3 +113,34 @@ def test_scalar_paths_are_taken():
     c.policy.gpu._take_few = lambda counts: calls.append(list(counts)) or take_few(counts)
     c.alloc_many([0], [1])
     assert calls == [[1, 0, 0, 0]]  # water fill: the first of the ranks with the most free slots
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3]), st.integers(1, 64))
+def test_take_few_matches_array_path_on_large_pools(seed, ranks, want):
+    """Pool.take_free of a few slots (Python ints, reading the words below high in growing chunks) returns what the
+    backend's select_first path returns and leaves the same bitmap, counters and high marks, on pools whose holes
+    lie far apart (thousands of words below high: beyond the first chunks)."""
+    from ulacache.backends.numpy_backend import NumpyBackend
+    from ulacache.pools import Pool
+
+    rng = np.random.default_rng(seed)
+    pools, bes = [], []
+    for scalar in (True, False):
+        be = NumpyBackend()
+        be.scalar_updates = scalar
+        p = Pool(ranks, 200_000)
+        p.take_free(be, np.full(ranks, 150_000, dtype=np.int64))  # fresh, array path (more than FEW_SLOTS)
+        pools.append(p)
+        bes.append(be)
+    for _ in range(4):  # free a few scattered slots (holes far apart), then take a few
+        holes = np.sort(rng.choice(ranks * pools[0].cap, size=int(rng.integers(0, 8)), replace=False))
+        holes = holes[(holes % pools[0].cap) < pools[0].high[holes // pools[0].cap]]
+        holes = holes[pools[0].free[holes >> 3] & (1 << (holes & 7)).astype(np.uint8) == 0]
+        counts = np.array([int(x) for x in rng.multinomial(want, [1 / ranks] * ranks)], dtype=np.int64)
+        got = []
+        for p, be in zip(pools, bes):
+            p.give_back(be, holes.astype(np.int64))
+            got.append(p.take_free(be, counts))
+        same(list(got[0]), list(got[1]))
+        same([pools[0].free, pools[0].in_use, pools[0].high], [pools[1].free, pools[1].in_use, pools[1].high])

@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 
 FEW_SLOTS = 64  # take_free of at most this many slots runs in Python ints (numpy backend: no per-call array passes)
+_FEW_CHUNK_WORDS = 16  # _take_few reads a rank's bitmap words below high in chunks of 16, 64, 256, .. words
 GROW_FLOOR = 1024  # smallest storage row (slots or ids per rank)
 SMALL_ROW = 1 << 16  # rows shorter than this double when they grow
 HEADROOM = 8  # longer rows grow to need + need / HEADROOM
@@ -495,19 +496,25 @@ class Pool:
             if k == 0:
                 continue
             lo, h, got = r * cap, high[r], []
-            if in_use[r] < h:  # holes: free slots below high, lowest first
-                w0 = lo >> 6
-                for w in words[w0:w0 + ((h + 63) >> 6)].nonzero()[0].tolist():
-                    v = int(words[w0 + w])
-                    while v and len(got) < k:
-                        bit = v & -v
-                        v ^= bit
-                        s = ((w0 + w) << 6) + bit.bit_length() - 1
-                        if s - lo >= h:
+            if in_use[r] < h:  # holes: free slots below high, lowest first, read in chunks growing x4 (a take
+                w0 = lo >> 6   # usually ends in the first words holding free bits: never a pass over all of them)
+                a, end, step = w0, w0 + ((h + 63) >> 6), _FEW_CHUNK_WORDS
+                while a < end:
+                    b = min(a + step, end)
+                    for w in words[a:b].nonzero()[0].tolist():
+                        w += a - w0
+                        v = int(words[w0 + w])
+                        while v and len(got) < k:
+                            bit = v & -v
+                            v ^= bit
+                            s = ((w0 + w) << 6) + bit.bit_length() - 1
+                            if s - lo >= h:
+                                break
+                            got.append(s)
+                        if len(got) == k or ((w + 1) << 6) >= h:
+                            b = end
                             break
-                        got.append(s)
-                    if len(got) == k or ((w + 1) << 6) >= h:
-                        break
+                    a, step = b, step * 4
             fresh = min(k - len(got), slots - h)
             if fresh > 0:
                 got.extend(range(lo + h, lo + h + fresh))
