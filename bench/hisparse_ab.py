@@ -24,7 +24,7 @@ SECTIONS = {  # the labels scale_bench gives hisparse's replays
     "batch1": [f"hisparse-{att}-{hw}-draft{d}" for hw in ("h200", "b300") for d in (0, 4) for att in ("dp", "tp")],
     "pinned": [f"hisparse-{att}-{hw}" for hw in ("h200", "b300") for att in ("dp", "tp")],
 }
-VOLATILE = ("sim_wall_s", "peak_rss_bytes", "est_peak_memory_bytes")  # not results of the simulation
+VOLATILE = ("sim_wall_s", "sim_cpu_s", "peak_rss_bytes", "est_peak_memory_bytes")  # not results of the simulation
 
 
 def export(commit: str, into: Path) -> str:
@@ -47,30 +47,25 @@ def replay(tree: Path, section: str, label: str, scratch: Path) -> dict:
     return {k: row.get(k) for k in keep}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before")
-    ap.add_argument("after")
-    ap.add_argument("out")
-    ap.add_argument("--sections", default="batch1,pinned")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--filter", default="", help="only replays whose label contains this")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="hisparse_ab_") as tmp:
+def run_ab(bench: str, before: str, after: str, cases: list[tuple[str, str]], repeats: int, out: str) -> int:
+    """Each (section, label) replayed by the `before` and the `after` commit alternately (load drifts alike on both),
+    `repeats` rounds; writes every run, the best CPU-s and largest peak RSS per replay and tree, and whether the
+    trees' metrics agree (wall-clock, CPU and memory figures aside; `metrics_differ` names the keys that do not),
+    with date, command, commits, machine and load. Shared by the A/B benches (small_batch_ab.py)."""
+    with tempfile.TemporaryDirectory(prefix=f"{bench}_") as tmp:
         tmp = Path(tmp)
-        trees = {name: tmp / name for name in ("before", "after")}
-        commits = {name: export(getattr(args, name), path) for name, path in trees.items()}
+        trees = {"before": tmp / "before", "after": tmp / "after"}
+        commits = {"before": export(before, trees["before"]), "after": export(after, trees["after"])}
         runs = []
-        for section in args.sections.split(","):
-            for label in (x for x in SECTIONS[section] if args.filter in x):
-                for i in range(args.repeats):
-                    for name, tree in trees.items():
-                        row = {"section": section, "label": label, "tree": name, "repeat": i,
-                               **replay(tree, section, label, tmp)}
-                        runs.append(row)
-                        print(f"{section:7s} {label:26s} {name:6s} {row['status']:>6s} {row['cpu_s'] or 0:7.2f} cpu-s "
-                              f"{row['wall_s']:7.2f} s {row['peak_rss_gb'] or 0:5.2f} GB load "
-                              f"{row['load_avg_before'][0]:.2f}", flush=True)
+        for section, label in cases:
+            for i in range(repeats):
+                for name, tree in trees.items():
+                    row = {"section": section, "label": label, "tree": name, "repeat": i,
+                           **replay(tree, section, label, tmp)}
+                    runs.append(row)
+                    print(f"{section:7s} {label:26s} {name:6s} {row['status']:>6s} {row['cpu_s'] or 0:7.2f} cpu-s "
+                          f"{row['wall_s']:7.2f} s {row['peak_rss_gb'] or 0:5.2f} GB load "
+                          f"{row['load_avg_before'][0]:.2f}", flush=True)
     summary = {}
     for row in runs:
         s = summary.setdefault(row["section"], {}).setdefault(row["label"], {})
@@ -80,18 +75,33 @@ def main() -> int:
         s[rss] = max(s.get(rss, 0.0), row["peak_rss_gb"] or 0.0)
     for section, labels in summary.items():
         for label, s in labels.items():
-            ms = [{k: v for k, v in (r["metrics"] or {}).items() if k not in VOLATILE}
+            ms = [{k: v for k, v in (r["metrics"] or {}).items() if k not in VOLATILE and "wall" not in k}
                   for r in runs if r["section"] == section and r["label"] == label]
             s["metrics_identical"] = all(m == ms[0] for m in ms) and bool(ms[0])
-    result = {"bench": "hisparse_ab", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            differ = sorted({k for m in ms for k in m if m.get(k) != ms[0].get(k)})
+            if differ:
+                s["metrics_differ"] = differ
+    result = {"bench": bench, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
               "load_avg_end": os.getloadavg(), "before": commits["before"], "after": commits["after"],
               "summary": summary, "runs": runs}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
 
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("out")
+    ap.add_argument("--sections", default="batch1,pinned")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--filter", default="", help="only replays whose label contains this")
+    args = ap.parse_args()
+    cases = [(sec, label) for sec in args.sections.split(",") for label in SECTIONS[sec] if args.filter in label]
+    return run_ab("hisparse_ab", args.before, args.after, cases, args.repeats, args.out)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,16 +10,11 @@ Writes every run, the best CPU-s and the largest peak RSS per replay and tree, a
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hisparse_ab import VOLATILE, export, replay  # noqa: E402
+from hisparse_ab import run_ab  # noqa: E402
 
 
 def labels(system: str, section: str) -> list[str]:
@@ -40,44 +35,9 @@ def main() -> int:
     ap.add_argument("--filter", default="", help="only replays whose label contains one of these (comma-separated)")
     args = ap.parse_args()
     wanted = args.filter.split(",")
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="small_batch_ab_") as tmp:
-        tmp = Path(tmp)
-        trees = {name: tmp / name for name in ("before", "after")}
-        commits = {name: export(getattr(args, name), path) for name, path in trees.items()}
-        for section in args.sections.split(","):
-            for label in (x for x in labels(args.system, section) if any(w in x for w in wanted)):
-                for i in range(args.repeats):
-                    for name, tree in trees.items():  # alternate: load drifts alike on both trees
-                        row = {"section": section, "label": label, "tree": name, "repeat": i,
-                               **replay(tree, section, label, tmp)}
-                        runs.append(row)
-                        print(f"{section:7s} {label:26s} {name:6s} {row['status']:>6s} {row['cpu_s'] or 0:7.2f} cpu-s "
-                              f"{row['wall_s']:7.2f} s {row['peak_rss_gb'] or 0:5.2f} GB load "
-                              f"{row['load_avg_before'][0]:.2f}", flush=True)
-    summary = {}
-    for row in runs:
-        s = summary.setdefault(row["section"], {}).setdefault(row["label"], {})
-        key = f"{row['tree']}_cpu_s_min"
-        s[key] = min(s.get(key, float("inf")), row["cpu_s"] or float("inf"))
-        rss = f"{row['tree']}_peak_rss_gb_max"
-        s[rss] = max(s.get(rss, 0.0), row["peak_rss_gb"] or 0.0)
-    for section, rows in summary.items():
-        for label, s in rows.items():
-            ms = [{k: v for k, v in (r["metrics"] or {}).items() if k not in VOLATILE + ("sim_cpu_s",) and "wall" not in k}
-                  for r in runs if r["section"] == section and r["label"] == label]
-            s["metrics_identical"] = all(m == ms[0] for m in ms) and bool(ms[0])
-            differ = sorted({k for m in ms for k in m if m.get(k) != ms[0].get(k)})
-            if differ:
-                s["metrics_differ"] = differ
-    result = {"bench": "small_batch_ab", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-              "load_avg_end": os.getloadavg(), "before": commits["before"], "after": commits["after"],
-              "summary": summary, "runs": runs}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
-    return 0
+    cases = [(sec, label) for sec in args.sections.split(",") for label in labels(args.system, sec)
+             if any(w in label for w in wanted)]
+    return run_ab("small_batch_ab", args.before, args.after, cases, args.repeats, args.out)
 
 
 if __name__ == "__main__":
