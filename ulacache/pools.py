@@ -452,10 +452,15 @@ class Pool:
         if value:
             self.free_nz[idx >> 6] = True
         else:
-            self.cleared += idx.size
-            if self.cleared > self.free_nz.size:
-                self.free_nz[:] = self.free.view("<u8") != 0
-                self.cleared = 0
+            self._cleared(idx.size)
+
+    def _cleared(self, n: int) -> None:
+        """Count n slots taken (free bits cleared); the word flags are recomputed once the clears outnumber the words
+        (until then a flag may be stale-set, never missing: amortized O(1) per slot)."""
+        self.cleared += n
+        if self.cleared > self.free_nz.size:
+            self.free_nz[:] = self.free.view("<u8") != 0
+            self.cleared = 0
 
     def take_free(self, be, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min(counts[r], free) lowest free slots of each rank, as storage idx grouped by rank; and found[r]."""
@@ -524,10 +529,7 @@ class Pool:
             found[r] = len(got)
             in_use[r] += len(got)
             out.extend(got)
-        self.cleared += len(out)
-        if self.cleared > self.free_nz.size:
-            self.free_nz[:] = words != 0
-            self.cleared = 0
+        self._cleared(len(out))
         self.in_use[:] = in_use
         self.high[:] = high
         return np.array(out, dtype=np.int64), np.array(found, dtype=np.int64)
@@ -551,10 +553,7 @@ class Pool:
                         fb[hi] &= 0xFF ^ ((1 << (b % 8)) - 1)
                 else:  # inside one byte
                     fb[a // 8] &= 0xFF ^ (((1 << k) - 1) << (a % 8))
-        self.cleared += n
-        if self.cleared > self.free_nz.size:
-            self.free_nz[:] = self.free.view("<u8") != 0
-            self.cleared = 0
+        self._cleared(n)
         self.in_use += found
         self.high += found
         return s, found.astype(np.int64, copy=False)
