@@ -111,14 +111,15 @@ class IdStack:
         self._len = need
 
 
-def _grown(cap, need, floor: int):
+def _grown(cap, need, floor: int, limit: int):
     """Row length after growth to `need` (> cap): a row's first storage is exactly `need` (at least `floor`): a
-    table filled once costs what it holds (callers take the limit instead when need is within 1/HEADROOM of it:
-    the next token would grow the row there, re-laying every table); then short rows double (few events while they
-    are small) and long rows get need + need / HEADROOM (the slack stays below 1/HEADROOM of the use, where
-    doubling left up to 1x)."""
+    table filled once costs what it holds, unless need is within 1/HEADROOM of `limit`: then the limit (the next
+    token would grow the row there, re-laying every table); then short rows double (few events while they are
+    small) and long rows get need + need / HEADROOM (the slack stays below 1/HEADROOM of the use, where doubling
+    left up to 1x). Callers cap the result at the limit."""
     regrow = np.maximum(need + need // HEADROOM, np.where(cap < SMALL_ROW, 2 * cap, 0))
-    return np.maximum(floor, np.where(cap > 0, regrow, need))
+    first = np.where(need + need // HEADROOM >= limit, limit, np.maximum(floor, need))
+    return np.where(cap > 0, np.maximum(floor, regrow), first)
 
 
 class _Buffers:
@@ -287,9 +288,7 @@ class RankRows:
         """Make cap >= need (need <= limit); returns the old cap (== cap when nothing changed)."""
         old = self.cap
         if need > old:
-            cap = int(_grown(old, need, self.floor))
-            if old == 0 and need + need // HEADROOM >= self.limit:
-                cap = self.limit  # a first storage near the limit: its next growth (one token on) would reach it
+            cap = int(_grown(old, need, self.floor, self.limit))
             cap = pad64(cap) if self.limit % 64 == 0 else cap
             self.cap = min(cap, self.limit)
         return old
@@ -359,9 +358,7 @@ class RaggedRows:
             return None
         old = self.layout()
         grow = over | ((need > self.caps - self.caps // (2 * HEADROOM)) & (self.caps < self.limit))
-        cap = _grown(self.caps, np.maximum(need, self.caps + 1), self.floor)
-        # A first storage near the limit takes the limit: its next growth (one token on) would reach it.
-        cap = np.where((self.caps == 0) & (need + need // HEADROOM >= self.limit), self.limit, cap)
+        cap = _grown(self.caps, np.maximum(need, self.caps + 1), self.floor, self.limit)
         if self.limit % 64 == 0:
             cap = -(-cap // 64) * 64
         self.caps = np.where(grow, np.minimum(cap, self.limit), self.caps)
