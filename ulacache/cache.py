@@ -155,17 +155,13 @@ class UlaCache:
         ranks = np.zeros(ids.size, np.int64) if ranks is None else _int_array(ranks, "ranks").ravel()
         if not (ids.size == counts.size == ranks.size):
             raise ValueError(f"request_ids, counts and ranks differ in length ({ids.size}, {counts.size}, {ranks.size})")
-        if counts.size == 1:  # one request (a decode step's growth): the same checks on scalars
-            c0, r0 = int(counts[0]), int(ranks[0])
-            if c0 < 0:
-                raise ValueError(f"counts holds {c0}: token counts are >= 0")
-            if r0 < 0 or r0 >= self.config.num_ranks:
-                raise ValueError(f"ranks must be in [0, {self.config.num_ranks}), got {r0}..{r0}")
-        else:
-            if counts.size and counts.min() < 0:
-                raise ValueError(f"counts holds {int(counts.min())}: token counts are >= 0")
-            if ranks.size and (ranks.min() < 0 or ranks.max() >= self.config.num_ranks):
-                raise ValueError(f"ranks must be in [0, {self.config.num_ranks}), got {ranks.min()}..{ranks.max()}")
+        if counts.size:  # one request (a decode step's growth) read as scalars: no array reductions
+            c_min, r_min, r_max = ((int(counts[0]), int(ranks[0]), int(ranks[0])) if counts.size == 1 else
+                                   (int(counts.min()), int(ranks.min()), int(ranks.max())))
+            if c_min < 0:
+                raise ValueError(f"counts holds {c_min}: token counts are >= 0")
+            if r_min < 0 or r_max >= self.config.num_ranks:
+                raise ValueError(f"ranks must be in [0, {self.config.num_ranks}), got {r_min}..{r_max}")
         if ids.size > 1 and np.unique(ids).size != ids.size:
             raise ValueError("request_ids holds a request twice; allocate its tokens in one entry")
         id_list = ids.tolist()
