@@ -161,3 +161,35 @@ def test_structured_tables_keep_their_records():
         at = rows.index(np.array([5, STRIDE + 5]))
         assert arr["s"][at[0]].tolist() == [0, 2, 3] and arr["s"][at[1]].tolist() == [0, 0, 0]
         assert int(np.count_nonzero(arr["s"])) == 2
+
+
+def test_narrow_stamps_widen_before_the_clock_outgrows_them():
+    """Pools start with narrow stamps (pb-lru: int16 epochs) and widen, values kept, when a clock needs more bits."""
+    from ulacache.pools import Pool
+
+    pool = Pool(2, 100, stamp_dtype=np.int16)
+    pool.reserve(np.array([10, 10]))
+    pool.touch(np.array([1, 3]), 7)
+    pool.fit_stamp(2**15 - 1)
+    assert pool.stamp.dtype == np.int16
+    pool.touch(np.array([2]), 2**15)
+    assert pool.stamp.dtype == np.int32 and pool.stamp[[1, 2, 3]].tolist() == [7, 2**15, 7]
+    pool.fit_stamp(2**31)
+    assert pool.stamp.dtype == np.int64 and pool.stamp[2] == 2**15
+    assert pool.stamps.dtype == np.int64  # the dense snapshot keeps one width whatever the storage holds
+
+
+def test_request_runs_give_back_every_address_in_order():
+    """Requests keep runs of consecutive addresses as (first, count): addresses() is what was registered, in order."""
+    from ulacache.address_space import AddressSpace
+
+    space = AddressSpace(2, 1000, 5000)
+    chunks = [np.arange(10, 20), np.array([20]), np.array([21]), np.array([40]), np.array([7, 5, 6]), np.zeros(0, int),
+              np.arange(30, 33), np.array([33, 35])]
+    req = space.request(1, 0)
+    for c in chunks:
+        space.register(1, req, c.astype(np.int64))
+    got = space.requests[1].addresses()
+    assert got.dtype == np.int64 and got.tolist() == np.concatenate(chunks).tolist()
+    assert req.num_tokens == got.size
+    assert len(req.runs) == 5  # 10..21 merged, 40, [7 5 6], 30..32, [33 35]
