@@ -50,6 +50,13 @@ def events_scheduled(env) -> int:
     return env._eid.n if isinstance(env._eid, _Count) else 0
 
 
+def skip_events(env, n: int) -> None:
+    """Count `n` events a caller computed instead of scheduling (a rank whose process provably changes nothing):
+    `simpy_events` stays the count of the per-rank simulation it stands for, and later events keep their ids."""
+    if isinstance(env._eid, _Count):
+        env._eid.n += n
+
+
 class Link:
     """A processor-sharing link of `bw_bytes_s` with a fixed per-transfer latency."""
 

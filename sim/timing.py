@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from sim.hardware import Barrier, Node
+from sim.hardware import Barrier, Node, skip_events
 
 PARTS = ("indexer_s", "allgather_s", "mgmt_s", "transfer_stall_s", "attention_s", "ffn_s", "collective_s",
          "draft_s", "overhead_s", "prefill_s")
@@ -45,6 +45,23 @@ def all_of(env: simpy.Environment, events: list) -> simpy.Event:
     if not events:
         done.succeed()
     return done
+
+
+def _mgmt(w) -> float:
+    """A group's management time on the compute stream: per group with prefetch, per layer without."""
+    return w.mgmt_s if w.prefetch else w.mgmt_s * w.layers
+
+
+def _arrival_floor(w, t0: float) -> float:
+    """A time rank work `w` started at t0 cannot reach the barrier before: its compute alone, less a margin far
+    above the rounding of `_rank`'s own sums (transfers, their latency and waits only add)."""
+    floor = t0 + (w.indexer_s + w.allgather_s + _mgmt(w)) + w.layers * (w.attention_s + w.ffn_s + w.collective_s)
+    return floor - 1e-9 * abs(floor)
+
+
+# events a rank without transfers schedules in `_rank`, besides a timeout for its management when it has any:
+# its Initialize, its layers' timeout, its end (the barrier's release is scheduled once, by the last arrival)
+_QUIET_EVENTS = 3
 
 
 @dataclass(frozen=True)
@@ -176,9 +193,10 @@ class StepTimer:
     def _quiet(self, ws: list[GroupWork], ranks: list[int], parts: np.ndarray):
         """Which ranks of a group need simpy. Ranks without transfers are only timeouts and interact with nothing
         but the barrier: their arrivals are computed (`_quiet_arrival`), and only the last of them is simulated
-        (it may be the group's last arrival, and simpy must reach that moment exactly). Returns (the group's last
-        arrival, ranks to simulate, computed arrivals): last is None when simulation is needed; with no transfers
-        anywhere on an idle node nothing is, if simpy's clock can land on the last arrival exactly."""
+        (it may be the group's last arrival, and simpy must reach that moment exactly) -- unless every busy rank
+        surely arrives later (`_arrival_floor`): then none is. Returns (the group's last arrival, ranks to
+        simulate, computed arrivals): last is None when simulation is needed; with no transfers anywhere on an idle
+        node nothing is, if simpy's clock can land on the last arrival exactly."""
         t0 = self.env.now
         quiet, busy = [], []
         done: dict[int, tuple] = {}  # ranks sharing one work object arrive alike
@@ -200,6 +218,12 @@ class StepTimer:
         slowest = max(quiet)
         if not busy and self.node.idle() and (slowest[0] == t0 or t0 + (slowest[0] - t0) == slowest[0]):
             return slowest[:2], [], []
+        if busy and slowest[0] < min(_arrival_floor(ws[i], t0) for i in busy):
+            # no quiet rank can be the last: its process would only add its own events, which it never shared
+            # with the others (it touches nothing but the barrier, before the last arrival)
+            w = ws[slowest[2]]
+            skip_events(self.env, _QUIET_EVENTS + (w.indexer_s + w.allgather_s + _mgmt(w) > 0))
+            return None, busy, [(at, r) for at, r, i in quiet]
         return None, sorted(busy + [slowest[2]]), [(at, r) for at, r, i in quiet if i != slowest[2]]
 
     def _chain(self, r: int, after, nbytes: float, label: str):
