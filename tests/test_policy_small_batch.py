@@ -143,4 +143,7 @@ def test_take_few_matches_array_path_on_large_pools(seed, ranks, want):
             p.give_back(be, holes.astype(np.int64))
             got.append(p.take_free(be, counts))
         same(list(got[0]), list(got[1]))
-        same([pools[0].free, pools[0].in_use, pools[0].high], [pools[1].free, pools[1].in_use, pools[1].high])
+        same([pools[0].free, pools[0].in_use, pools[0].high, pools[0].low],
+             [pools[1].free, pools[1].in_use, pools[1].high, pools[1].low])
+        words = pools[0].free.view("<u8").reshape(ranks, -1)  # no free slot below a rank's lowest free word
+        assert not (words.astype(bool) & (np.arange(words.shape[1]) < pools[0].low[:, None])).any()

@@ -401,6 +401,9 @@ class Pool:
         # Slots of each rank ever taken lie below high[r] (row-relative); the free ones below it are holes, so a rank
         # with in_use == high has its lowest free slots at [high, ..): taken without a search (fresh pools, prompts).
         self.high = np.zeros(num_ranks, dtype=np.int64)
+        # Row-relative bitmap word of each rank below which no slot is free: a few-slot take starts its search there
+        # (takes fill holes lowest first, so the words before the first hole are all taken and need no re-reading).
+        self.low = np.zeros(num_ranks, dtype=np.int64)
         self.listeners: list = []  # grow(old_cap) of storage laid out like this pool's (bucket bitmaps)
         self.log = LruLog(self, lru_log_mode) if exact_lru else None  # exact LRU order kept per rank (lru_log.py)
 
@@ -479,6 +482,7 @@ class Pool:
             last = s.take(np.cumsum(found)[found > 0] - 1)  # each rank's highest slot taken (grouped, ascending)
             rows = np.flatnonzero(found)
             self.high[rows] = np.maximum(self.high[rows], last - rows * self.cap + 1)
+            self.low[rows] = np.maximum(self.low[rows], (last - rows * self.cap) >> 6)  # lowest free ones taken
         return s, found
 
     def _take_few(self, counts: list) -> tuple[np.ndarray, np.ndarray]:
@@ -486,7 +490,7 @@ class Pool:
         found by reading only the words below high) lowest first, then fresh slots from high[r]: the lowest free
         slots, what the backend's select_first returns, and the same state after (bitmap, summary, counters)."""
         R, cap, slots = self.R, self.cap, self.slots
-        in_use, high = self.in_use.tolist(), self.high.tolist()
+        in_use, high, low = self.in_use.tolist(), self.high.tolist(), self.low.tolist()
         if not any(counts) or min(in_use) >= slots:  # nothing asked or nothing free
             return np.zeros(0, dtype=np.int64), np.zeros(R, dtype=np.int64)
         if min(max(u + k for u, k in zip(in_use, counts)), self.seg) > cap:
@@ -498,9 +502,9 @@ class Pool:
             if k == 0:
                 continue
             lo, h, got = r * cap, high[r], []
-            if in_use[r] < h:  # holes: free slots below high, lowest first, read in chunks growing x4 (a take
-                w0 = lo >> 6   # usually ends in the first words holding free bits: never a pass over all of them)
-                a, end, step = w0, w0 + ((h + 63) >> 6), _FEW_CHUNK_WORDS
+            if in_use[r] < h:  # holes: free slots below high, lowest first, read from word low[r] in chunks growing
+                w0 = lo >> 6   # x4 (a take usually ends in the first words holding free bits: never a pass over all)
+                a, end, step = w0 + low[r], w0 + ((h + 63) >> 6), _FEW_CHUNK_WORDS
                 while a < end:
                     b = min(a + step, end)
                     for w in words[a:b].nonzero()[0].tolist():
@@ -523,12 +527,15 @@ class Pool:
                 high[r] = h + fresh
             for s in got:  # claim: clear the free bits
                 fb[s >> 3] &= 0xFF ^ (1 << (s & 7))
+            if got:  # the lowest free slots were taken: none is free below the last
+                low[r] = (got[-1] - lo) >> 6
             found[r] = len(got)
             in_use[r] += len(got)
             out.extend(got)
         self._cleared(len(out))
         self.in_use[:] = in_use
         self.high[:] = high
+        self.low[:] = low
         return np.array(out, dtype=np.int64), np.array(found, dtype=np.int64)
 
     def _take_fresh(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -553,6 +560,8 @@ class Pool:
         self._cleared(n)
         self.in_use += found
         self.high += found
+        took = found > 0
+        self.low[took] = (self.high[took] - 1) >> 6  # no holes below high: every slot below the last taken is taken
         return s, found.astype(np.int64, copy=False)
 
     def give_back(self, be, idx: np.ndarray) -> None:
@@ -561,7 +570,9 @@ class Pool:
             return
         self.own[idx] = -1
         self._write_free(be, idx, True)
-        self.in_use -= np.bincount(self.rank_of_idx(idx), minlength=self.R)
+        rank = self.rank_of_idx(idx)
+        self.in_use -= np.bincount(rank, minlength=self.R)
+        np.minimum.at(self.low, rank, (idx - rank * self.cap) >> 6)  # a hole below the lowest free word known
 
     def fit_stamp(self, clock: int) -> None:
         """Widen the stamps (a copy, once per width) if `clock` does not fit their dtype: callers start narrow
@@ -635,6 +646,9 @@ class Pool:
         require(not ((self.free.view("<u8") != 0) & ~self.free_nz).any(), f"{what} free summary misses a word")
         used = np.bincount(self.rank_of_idx(np.flatnonzero(self.own >= 0)), minlength=self.R)
         require((used == self.in_use).all(), f"{what} in-use count drifted")
+        words = self.free.view("<u8").reshape(self.R, -1)
+        below = np.arange(words.shape[1]) < self.low[:, None]
+        require(not (words.astype(bool) & below).any(), f"{what} free slot below its rank's lowest free word")
 
 
 class CpuPools:
