@@ -12,7 +12,8 @@ ranks looked up at once. The slots live in a `pools.Pool` (storage grows with th
 every address of a batch not homed on it), so a selection reads the oldest batches, not the whole buffer.
 The work is mostly random reads and writes of large tables, so each is done once per address where it can be: a
 plan keeps the map rows it reads (the batch's, the victims'), changes its own copies of them, and its commit
-writes them back whole (dense maps: one write per address, not per rank and key). The maps are the authority on
+writes them back whole (dense maps: one write per address, not per rank and key; a batch with fewer misses than
+addresses sets their cells instead). The maps are the authority on
 which address a slot holds: the pool's owner table is written from them when `check` reads it.
 """
 from __future__ import annotations
@@ -26,6 +27,9 @@ from .errors import CapacityError, require
 from .lru_log import StampLog
 from .plan import Plan
 from .pools import Pool, merge_by_rank
+
+
+FILL_MIN_MISSES_PER_ADDRESS = 1  # a batch's rows are written back whole (`fill`) from this many misses per address
 
 
 def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +107,8 @@ class LocalBuffers:
         pool.reserve(counts)  # any storage growth before positions are taken
         if self.log.stamps and self.log.stamps[-1] == plan.now:  # a batch of this stamp is logged: the victims'
             rows = None  # rows may be the batch's own, so its misses are inserted key by key after the drops
+        elif miss_idx.size * FILL_MIN_MISSES_PER_ADDRESS < uniq.size:  # few misses (batch size 1, b300: most steps
+            rows = None  # miss a handful): their cells are set at commit, not every row of the batch written back
         self.log.stamp(uix, plan.now)  # the batch's hits are no victims of this selection
         s0, f0 = pool.take_free(be, counts)
         self._pending_claims = int(f0.sum())
