@@ -113,7 +113,7 @@ class DenseSlotMaps:
         cells = rows.view(self._dt["s"].base)
         at = np.multiply(cols, self.R, dtype=np.int64)
         at += ranks
-        cells[at] = slots + 1
+        cells[at] = (slots + 1).astype(cells.dtype)  # (cast first: a casting scatter is ~1.5x slower)
         return ix, rows
 
     def drop(self, ix: np.ndarray, addrs, held: np.ndarray, kept: np.ndarray):
@@ -125,7 +125,7 @@ class DenseSlotMaps:
         """Apply a `fill` or `drop` made from rows unchanged since they were read: each row written back whole (one
         write per address instead of one per rank and key)."""
         ix, rows = change
-        np.put(self._row_items, ix, rows)  # (np.put: ~20x faster than item assignment for raw-byte items)
+        self._row_items[ix] = rows  # (raw-byte items of one dtype: ~2x faster than np.put, measured numpy 2.4)
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
