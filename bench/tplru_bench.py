@@ -1,7 +1,8 @@
-"""ulacache TP replays (DESIGN §8 keys: 8 GPUs TP, glm-5, pb-lru, CPU storage, no draft tokens) before and after a
-change to the TP local buffers: CPU-s of each (child rusage), and whether every metric that does not measure the host
-(wall clock, resident memory) is identical. Cases: pinned-<preset> (24 requests at concurrency 24) and
-batch1-<preset> (4 requests at concurrency 1), preset h200 or b300.
+"""ulacache TP replays (DESIGN §8 keys: 8 GPUs TP, glm-5, pb-lru, CPU storage, no draft tokens unless the case
+says) before and after a change to the TP local buffers: CPU-s of each (child rusage), and whether every metric that
+does not measure the host (wall clock, resident memory) is identical. Cases: pinned-<preset> (24 requests at
+concurrency 24) and batch1-<preset> (4 requests at concurrency 1), preset h200 or b300, optionally -d<N> (N draft
+tokens).
 
 Case paper-h200: configs/paper-h200-tp-specon.yaml of the after tree (the paper default: 256 requests, 4 draft
 tokens, default fidelity).
@@ -34,7 +35,7 @@ hardware: {{preset: {preset}, num_gpus: 8}}
 model: {{preset: glm-5}}
 policy: pb-lru
 cpu_storage: true
-spec: {{draft_tokens: 0}}
+spec: {{draft_tokens: {draft}}}
 workload: {workload}
 """
 WORKLOADS = {"pinned": "{num_requests: 24, max_concurrency: 24, seed: 1}",
@@ -42,13 +43,15 @@ WORKLOADS = {"pinned": "{num_requests: 24, max_concurrency: 24, seed: 1}",
 
 
 def case_config(case: str, tree: Path = ROOT) -> str:
-    """The replay config of a case `pinned-h200` / `batch1-b300` (workload-preset) or `paper-h200`."""
+    """The replay config of a case `pinned-h200` / `batch1-b300` / `batch1-h200-d4` (workload-preset[-dN: N draft
+    tokens, default 0]) or `paper-h200`."""
     if case == "paper-h200":
         return (tree / "configs" / "paper-h200-tp-specon.yaml").read_text()
-    workload, _, preset = case.partition("-")
-    if workload not in WORKLOADS or preset not in ("h200", "b300"):
-        raise SystemExit(f"tplru_bench: error: unknown case {case!r} (pinned|batch1 - h200|b300)")
-    return CONFIG.format(preset=preset, workload=WORKLOADS[workload])
+    workload, preset, *draft = case.split("-")
+    draft_tokens = draft[0][1:] if len(draft) == 1 and draft[0][:1] == "d" else None
+    if workload not in WORKLOADS or preset not in ("h200", "b300") or (draft and not (draft_tokens or "").isdigit()):
+        raise SystemExit(f"tplru_bench: error: unknown case {case!r} (pinned|batch1 - h200|b300 [-dN])")
+    return CONFIG.format(preset=preset, workload=WORKLOADS[workload], draft=int(draft_tokens or 0))
 HOST_METRICS = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "est_peak_memory_bytes",
                 "peak_rss_bytes"}  # measure this machine, not the simulation
 AS_LIMIT_BYTES = 6_000_000_000
