@@ -289,7 +289,6 @@ class Fabric:
         self._sig: list[int] = []  # the route index of each active flow, in the same order
         self._route_idx: dict[int, int] = {}  # id(route dict) -> index
         self._route_of: list[dict] = []  # index -> route dict (kept alive, so its id is not reused)
-        self._owners: dict = {}  # owner -> its active flows (each owner's busy time grows while it has any)
         self._last = 0.0
         self._pending = None  # the wake-up that is current; older ones are stale
         self._held, self._dirty = 0, False  # inside hold(): starts re-plan once, at release()
@@ -345,8 +344,6 @@ class Fabric:
         size = float(num_bytes)
         self._flows.append([size, done, env.now, label, size, 0.0, owner, size * 1e-9])
         self._sig.append(idx)
-        owners = self._owners
-        owners[owner] = owners.get(owner, 0) + 1
         if self._held:
             self._dirty = True
         else:
@@ -407,8 +404,6 @@ class Fabric:
         if dt > 0:
             for e in self._flows:
                 e[0] -= e[5] * dt
-            for o in self._owners:
-                o.busy_s += dt
         self._last = now
 
     def _replan(self):
@@ -441,8 +436,6 @@ class Fabric:
         clock = max(1e-12, abs(now) * 1e-12)
         finished = None
         if dt > 0:
-            for o in self._owners:
-                o.busy_s += dt
             for k, e in enumerate(flows):
                 left = e[0] = e[0] - e[5] * dt
                 if left <= e[7] or left <= e[5] * clock:
@@ -453,20 +446,18 @@ class Fabric:
                 if left <= e[7] or left <= e[5] * clock:
                     finished = [k] if finished is None else finished + [k]
         if finished is not None:
-            done = [flows[k] for k in finished]
-            gone = set(finished)
-            sig = self._sig
-            self._flows = [e for k, e in enumerate(flows) if k not in gone]
-            self._sig = [x for k, x in enumerate(sig) if k not in gone]
-            owners = self._owners
+            if len(finished) == 1:  # the usual case: one flow ends
+                done = [flows.pop(finished[0])]
+                del self._sig[finished[0]]
+            else:
+                done = [flows[k] for k in finished]
+                gone = set(finished)
+                sig = self._sig
+                self._flows = [e for k, e in enumerate(flows) if k not in gone]
+                self._sig = [x for k, x in enumerate(sig) if k not in gone]
             for e in done:
-                o = e[6]
-                if owners[o] == 1:
-                    del owners[o]
-                else:
-                    owners[o] -= 1
                 if self.recorder is not None:
-                    self.recorder.span(o.name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
+                    self.recorder.span(e[6].name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
                 e[1].succeed()
         self._replan()
 
@@ -479,7 +470,6 @@ class Route:
         self.fabric, self.name, self.route, self.on_use = fabric, name, route, on_use
         self.bw, self.latency = float(bw_bytes_s), float(latency_s)
         self.bytes_total = 0.0
-        self.busy_s = 0.0
 
     def transfer(self, num_bytes: float, label: str = ""):
         if num_bytes <= 0:
