@@ -277,7 +277,8 @@ class Engine:
         return self.runner.run_step(self.rid[b.run].tolist(), b.hist, self.dsteps[b.run], self.q, spaces, ranks)
 
     def _link_rows(self, b: Batch, ratios, tracing: bool) -> tuple[dict, list[int]]:
-        """(h2d, d2h, peer) rows per rank of one layer, per simulated group; and the ranks worth timing."""
+        """(h2d, d2h, peer) rows per rank of one layer, per simulated group (float64[3, ranks] each: one product
+        of the policy's `links` ratios); and the ranks worth timing."""
         sysm, n_gpu = self.system, self.cfg.num_gpus
         sim_ranks = [0] if sysm.symmetric_ranks else list(range(n_gpu))
         rows = {}
@@ -285,11 +286,15 @@ class Engine:
             return rows, sim_ranks
         for rep in self._simulated_reps()[0]:
             rt = ratios[rep]
-            rows[rep] = tuple(_ranks_of(rt[k], n_gpu) * b.ref_rank for k in ("h2d", "d2h", "peer"))
+            links = rt.get("links")
+            if links is not None and links.shape == (3, n_gpu):
+                rows[rep] = links * b.ref_rank
+            else:
+                rows[rep] = np.array([_ranks_of(rt[k], n_gpu) * b.ref_rank for k in ("h2d", "d2h", "peer")])
         if sysm.tp and not sysm.symmetric_ranks and not tracing:
             # TP ranks compute the same; a group ends with the slowest rank, and a rank's time grows with each of
             # its concurrent link volumes: the ranks with the most of some link's rows are the only candidates
-            sim_ranks = sorted({int(np.argmax(arr)) for h, d, p in rows.values() for arr in (h, d, p)})
+            sim_ranks = sorted({r for x in rows.values() for r in x.argmax(axis=1).tolist()})
         return rows, sim_ranks
 
     def _ranks_work(self, b: Batch, sim_ranks: list[int], ratios, rows: dict, shared: dict) -> list[list[GroupWork]]:
@@ -410,7 +415,7 @@ class Engine:
             subs[p] = (sub, self._shared_work(sub))
         sub, sub_shared = subs[p]
         c = self._compute(sub, r, sub_shared)
-        links = self._links(sub, r, rt, tuple(x / p for x in rows), row)
+        links = self._links(sub, r, rt, rows / p, row)
         first = {**c, "indexer_s": common["indexer_s"], "allgather_s": common["allgather_s"]}
         rest = {**c, "indexer_s": 0.0, "allgather_s": 0.0}
         return [(first, links)] + [(rest, links)] * (p - 1)
@@ -420,7 +425,7 @@ class Engine:
         the scalars below: memoized on their exact bits (idle DP ranks, whose products are 0 step after step, and
         repeated shapes are computed once)."""
         sysm = self.system
-        h2d, d2h, peer = (x[r] for x in rows)
+        h2d, d2h, peer = rows[:, r]
         home_h2d = float(rows[0].sum()) if sysm.tp else 0.0
         ref_rank = b.ref_rank[r]
         unique, misses = rt["unique"] * ref_rank, rt["misses"] * ref_rank  # (an idle rank's: 0 whatever the ratios)
@@ -479,8 +484,10 @@ class Engine:
         if ratios:
             copies = n_gpu if sysm.symmetric_ranks else 1
             reps, where = self._simulated_reps()
-            per_rep = np.array([[(x[0] if copies > 1 else x.sum()) for x in rows[rep]]
-                                + [ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all] for rep in reps])
+            per_link = np.stack([rows[rep] for rep in reps])  # [rep, link, rank]
+            per_rep = np.empty((len(reps), 5))
+            per_rep[:, :3] = per_link[:, :, 0] if copies > 1 else per_link.sum(axis=2)  # (row sums, as each row's)
+            per_rep[:, 3:] = [(ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all) for rep in reps]
             terms = self._terms
             if terms is None or terms.shape[0] != len(where) + 1:
                 terms = self._terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0

@@ -509,6 +509,7 @@ class PolicyRunner:
         if any_idle:  # ranks without simulated requests: the global ratio (a row's sum is its link's own sum)
             ratio[:, idle] = (rows.sum(axis=1) / refs)[:, None]
         out["h2d"], out["d2h"], out["peer"] = ratio
+        out["links"] = ratio  # the three at once (float64[3, ranks]), for callers that scale them together
         return out
 
 
