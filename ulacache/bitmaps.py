@@ -32,6 +32,9 @@ class BucketBitmaps:
         # Members per bucket (ring rows, then cold): lets the candidate search skip empty buckets without a scan.
         self.count = np.zeros(num_recent + 2, dtype=np.int64)
         self.cleared = np.zeros(num_recent + 2, dtype=np.int64)  # slots cleared since the flags were recomputed
+        # Members of the current bucket per rank, kept as it is written (the rotation rule reads them every access:
+        # a popcount of the row each time cost more than the access's own bucket writes).
+        self.current_per_rank = np.zeros(pool.R, dtype=np.int64)
         pool.listeners.append(self._grow)
 
     def _grow(self, old: int) -> None:
@@ -50,7 +53,8 @@ class BucketBitmaps:
         return self.row(self.epoch)
 
     def rank_counts(self, row: int) -> np.ndarray:
-        """Members of ring row `row` per rank (a popcount of the row's storage, R rows of cap slots)."""
+        """Members of ring row `row` per rank (a popcount of the row's storage, R rows of cap slots; the current
+        row's are kept in `current_per_rank`)."""
         words = self.ring_bits[row].view("<u8").reshape(self.pool.R, -1)
         return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
 
@@ -68,6 +72,7 @@ class BucketBitmaps:
             self.cleared[i] = 0
             self.count[-1] += self.count[i]
             self.count[i] = 0
+        self.current_per_rank[:] = 0  # the row now current was emptied (or was empty)
 
     def _bits(self, kind: str, row: int) -> tuple[np.ndarray, np.ndarray]:
         return (self.cold_bits, self.cold_nz) if kind == "cold" else (self.ring_bits[row], self.ring_nz[row])
@@ -91,6 +96,14 @@ class BucketBitmaps:
                 nz[:] = self._bits(kind, row)[0].view("<u8") != 0
                 self.cleared[i] = 0
         self.count[i] += delta
+        if kind == "ring" and row == self.current:
+            R = self.current_per_rank.size
+            if R == 1:
+                self.current_per_rank[0] += delta
+            elif delta > 0:
+                self.current_per_rank += np.bincount(self.pool.rank_of_idx(slots), minlength=R)
+            else:
+                self.current_per_rank -= np.bincount(self.pool.rank_of_idx(slots), minlength=R)
 
     def _write(self, be, age: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear

@@ -47,11 +47,11 @@ class PbLruPolicy(ExclusivePolicy):
         b, slots = self.buckets, self.cfg.gpu_slots
         if self.inserted >= self.epoch_volume:
             return True
-        cur = int(b.count[b.current])
-        if cur + hit_gidx.size + int(m_counts.sum()) <= slots:  # no rank can run short (cheap sufficient test)
+        cur = b.current_per_rank
+        if int(cur.max()) + hit_gidx.size + int(m_counts.sum()) <= slots:  # no rank can run short (sufficient)
             return False
         h_counts = np.bincount(self.gpu.rank_of_idx(hit_gidx), minlength=m_counts.size)
-        return bool((b.rank_counts(b.current) + h_counts + m_counts > slots).any())
+        return bool((cur + h_counts + m_counts > slots).any())
 
     def _select(self, hit_gidx, m_counts, now):
         be, buckets = self.be, self.buckets
@@ -118,6 +118,7 @@ class PbLruPolicy(ExclusivePolicy):
         require((member[occ] == 1).all(), "an occupied slot is in no bucket or in two")
         sizes = [int(np.unpackbits(r).sum()) for r in b.ring_bits] + [int(cold.sum())]
         require(sizes == b.count.tolist(), "bucket member counts drifted")
+        require((b.rank_counts(b.current) == b.current_per_rank).all(), "current bucket's per-rank counts drifted")
         require((member.sum() == occ.size), "a free slot is in a bucket")
 
 
