@@ -31,7 +31,7 @@ def state(c):
     out += [c.space.requests[r].addresses() for r in sorted(c.space.requests)]
     b = getattr(pol, "buckets", None)
     if b is not None:
-        out += [b.ring, b.cold, b.count, b.ring_nz, b.cold_nz, np.array([b.epoch, pol.inserted])]
+        out += [b.ring, b.cold, b.count, b.ring_nz, b.cold_nz, b.current_per_rank, np.array([b.epoch, pol.inserted])]
     if c.buffers is not None:
         p = c.buffers.pool
         out += [p.own, p.free, p.in_use, p.high]

@@ -119,6 +119,15 @@ class AddressSpace:
             self.reserve(counts)
         return self.ids[rank].pop(n)
 
+    def pop_one(self, rank: int) -> int:
+        """`pop_ids(rank, 1)` as an int (a decode token's address: no array passes)."""
+        ids = self.ids[rank]
+        if ids.high_after(1) - rank * self.slots_per_rank > int(self.rows.caps[rank]):
+            counts = [0] * self.num_ranks
+            counts[rank] = 1
+            self.reserve(counts)
+        return ids.pop_few(1)[0]
+
     def places(self, addrs: np.ndarray) -> np.ndarray:
         """Current place of each (allocated, in-range) address."""
         return self.table[self.index(addrs)]

@@ -108,6 +108,8 @@ class ExclusivePolicy:
         be, R = self.be, self.cfg.num_ranks
         if getattr(be, "scalar_updates", False):
             cnt = counts.tolist()
+            if cnt == [1]:
+                return self._alloc_one(request_ids[0], int(ranks[0]), tp)
             if sum(cnt) <= FEW_TOKENS:
                 return self._alloc_few(request_ids, cnt, ranks.tolist(), tp)
         gfree, cfree = self.free_slots()
@@ -234,6 +236,40 @@ class ExclusivePolicy:
             req = space.request(rid, r if not tp else 0)
             space.register(rid, req, out[offsets:offsets + c])
             offsets += c
+        return out
+
+    def _alloc_one(self, rid: int, rank: int, tp: bool) -> np.ndarray:
+        """`_alloc_few` of one token of one request (a batch-1 decode step): the rank (TP: the most free GPU slots,
+        ties lowest, else the most free CPU slots; DP: the request's) and tier picked by scalar rules, then the same
+        address, place and state after, without building per-rank lists."""
+        R, gpu, space = self.cfg.num_ranks, self.gpu, self.space
+        gfree = gpu.num_free
+        r = int(gfree.argmax()) if tp else rank
+        on_gpu = int(gfree[r]) > 0
+        if not on_gpu:
+            cfree = [len(f) for f in self.cpu.free]
+            if tp:
+                r = cfree.index(max(cfree))
+            if not cfree[r]:
+                where = ": 0 slots free over all ranks" if tp else f" on rank {r}: 0 slots free"
+                raise CapacityError(f"cannot allocate 1 tokens{where}")
+        addr = space.pop_one(r)
+        gc = np.zeros(R, dtype=np.int64)
+        if on_gpu:
+            gc[r] = 1
+            gidx, _ = gpu.take_free(self.be, gc)
+            place = int(gpu.places(gidx)[0])
+            gpu.own[int(gidx[0])] = addr
+            gpu.num_free[r] -= 1
+        else:
+            gidx = gc[:0]
+            place = self.cpu.free[r].pop_few(1)[0]
+            self.pending_d2h[r] += 1
+        gpu.touch(gidx, self._clock(self.step))
+        self._on_alloc(gidx)
+        out = np.array([addr], dtype=np.int64)
+        space.set_places(out, np.array([place], dtype=np.int64))
+        space.register(rid, space.request(rid, r if not tp else 0), out)
         return out
 
     # -- access --------------------------------------------------------------------------------------------------------
