@@ -19,6 +19,8 @@ import numpy as np
 
 from .pools import Pool, pack_summary
 
+_FEW_SLOTS = 8  # writes of at most this many slots keep flags and counts in Python ints
+
 
 class BucketBitmaps:
     def __init__(self, pool: Pool, num_recent: int):
@@ -79,7 +81,7 @@ class BucketBitmaps:
 
     def _store(self, kind: str, row: int, bitmap: np.ndarray, slots: np.ndarray, delta: int) -> None:
         """Install the bitmap after a write of `slots` (delta > 0: set; None: written in place), keep its summary
-        flags, count members."""
+        flags, count members (a few slots, e.g. a decode token's, in Python ints: no array passes)."""
         i = -1 if kind == "cold" else row
         if bitmap is None:  # written in place (numpy): copying a row onto itself cost a pass over the row
             pass
@@ -88,8 +90,13 @@ class BucketBitmaps:
         else:
             self.ring_bits[row] = bitmap
         nz = self._bits(kind, row)[1]
+        few = slots.tolist() if slots.size <= _FEW_SLOTS else None
         if delta > 0:
-            nz[slots >> 6] = True
+            if few is None:
+                nz[slots >> 6] = True
+            else:
+                for s in few:
+                    nz[s >> 6] = True
         else:
             self.cleared[i] -= delta
             if self.cleared[i] > nz.size:  # recompute the flags (O(words), after at least as many clears)
@@ -97,13 +104,15 @@ class BucketBitmaps:
                 self.cleared[i] = 0
         self.count[i] += delta
         if kind == "ring" and row == self.current:
-            R = self.current_per_rank.size
-            if R == 1:
-                self.current_per_rank[0] += delta
-            elif delta > 0:
-                self.current_per_rank += np.bincount(self.pool.rank_of_idx(slots), minlength=R)
+            per_rank, sign = self.current_per_rank, 1 if delta > 0 else -1
+            if per_rank.size == 1:
+                per_rank[0] += delta
+            elif few is not None:
+                cap = max(self.pool.cap, 1)
+                for s in few:
+                    per_rank[s // cap] += sign
             else:
-                self.current_per_rank -= np.bincount(self.pool.rank_of_idx(slots), minlength=R)
+                per_rank += sign * np.bincount(self.pool.rank_of_idx(slots), minlength=per_rank.size)
 
     def _write(self, be, age: int, slots: np.ndarray, value: bool) -> None:
         op = be.bitmap_set if value else be.bitmap_clear

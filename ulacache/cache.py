@@ -264,7 +264,8 @@ class UlaCache:
             s = s[keep]
         s = s.astype(np.int64, copy=False)
         places = self.space.table[self._sorted_index(s)] if s.size else self.space.table[:0]
-        self._check_allocated(s, places, "selected")
+        if places.size and int(places.min()) < 0:  # one reduction; the scan names the first unallocated address
+            self._check_allocated(s, places, "selected")
         return s, places, n - pads
 
     def _sorted_index(self, a: np.ndarray) -> np.ndarray:
@@ -282,7 +283,20 @@ class UlaCache:
                 ix = a + sh
                 raise ValueError(f"selected holds unallocated address {int(a[np.flatnonzero(ix >= end[h0])[0]])}")
             return a + sh
-        return self._storage_index(a, "selected", allow_padding=False)
+        # Several homes (TP): each home's addresses are one run of the ascending batch, so each run gets its row's
+        # shift by a slice, and only its last (largest) address is checked against its row's end: no per-address
+        # home, shift and end gathers.
+        cuts = a.searchsorted(np.arange(h0 + 1, h1 + 1, dtype=np.int64) * rows.stride).tolist()
+        sh, ends = shift.tolist(), end.tolist()
+        ix = a + sh[h0]
+        for r, lo, hi in zip(range(h0, h1 + 1), [0] + cuts, cuts + [a.size]):  # loop over home ranks
+            if lo == hi:
+                continue
+            if r != h0:
+                ix[lo:hi] += sh[r] - sh[h0]
+            if int(ix[hi - 1]) >= ends[r]:
+                return self._storage_index(a, "selected", allow_padding=False)  # raises, naming the first one
+        return ix
 
     def _exchanges_of(self, plan: Plan) -> Exchanges:
         ps, bs = plan.policy_state, plan.buffer_state

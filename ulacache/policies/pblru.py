@@ -23,6 +23,10 @@ from ..errors import require
 from .exclusive import ExclusivePolicy
 
 
+_NO_SLOTS = np.zeros(0, dtype=np.int64)  # the replacement slots of a batch without misses (shared, read-only)
+_NO_SLOTS.setflags(write=False)
+
+
 def epoch_volume(num_ranks: int, gpu_slots: int, num_recent: int) -> int:
     """GPU insertions that end an epoch: a (K + 1)-th of the GPU slots of all ranks, rounded up."""
     return -(-num_ranks * gpu_slots // (num_recent + 1))
@@ -42,25 +46,29 @@ class PbLruPolicy(ExclusivePolicy):
     def _clock(self, step):
         return self.buckets.epoch
 
-    def _ends_epoch(self, hit_gidx, m_counts) -> bool:
-        """The rotation rule (module docstring), evaluated before the access's recency update."""
+    def _ends_epoch(self, hit_gidx, m_counts, n_miss: int) -> bool:
+        """The rotation rule (module docstring), evaluated before the access's recency update (n_miss: m_counts'
+        sum)."""
         b, slots = self.buckets, self.cfg.gpu_slots
         if self.inserted >= self.epoch_volume:
             return True
         cur = b.current_per_rank
-        if int(cur.max()) + hit_gidx.size + int(m_counts.sum()) <= slots:  # no rank can run short (sufficient)
+        if int(cur.max()) + hit_gidx.size + n_miss <= slots:  # no rank can run short (sufficient test)
             return False
         h_counts = np.bincount(self.gpu.rank_of_idx(hit_gidx), minlength=m_counts.size)
         return bool((cur + h_counts + m_counts > slots).any())
 
     def _select(self, hit_gidx, m_counts, now):
         be, buckets = self.be, self.buckets
-        if self._ends_epoch(hit_gidx, m_counts):
+        n_miss = int(m_counts.sum())
+        if self._ends_epoch(hit_gidx, m_counts, n_miss):
             buckets.rotate()
             self.gpu.fit_stamp(buckets.epoch)  # before bucket_of compares the clock with the stamps
             self.inserted = 0
-        self.inserted += int(m_counts.sum())
+        self.inserted += n_miss
         self.moved_hits = buckets.refresh(be, hit_gidx, self.gpu.stamp)  # recency update: hits join the current bucket
+        if not n_miss:  # a warm batch: no replacement slots
+            return _NO_SLOTS
         parts, founds = [], []
         remaining = m_counts
         if remaining.any():
