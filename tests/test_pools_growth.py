@@ -193,3 +193,19 @@ def test_request_runs_give_back_every_address_in_order():
     assert got.dtype == np.int64 and got.tolist() == np.concatenate(chunks).tolist()
     assert req.num_tokens == got.size
     assert len(req.runs) == 5  # 10..21 merged, 40, [7 5 6], 30..32, [33 35]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 3000)), min_size=1, max_size=12))
+def test_scalar_address_index_and_pop_match_the_array_ones(pops):
+    """AddressSpace.index_one / pop_one (a decode token's scalar path) give what index / pop_ids give, through the
+    growth of any rank's row."""
+    from ulacache.address_space import AddressSpace
+    a, b = AddressSpace(3, 100_000, 10**6), AddressSpace(3, 100_000, 10**6)
+    for r, n in pops:
+        a.pop_ids(r, n)
+        b.pop_ids(r, n)
+        assert a.pop_one(r) == int(b.pop_ids(r, 1)[0])
+        assert a.rows.caps.tolist() == b.rows.caps.tolist()
+    ids = np.concatenate([np.arange(r * 100_000, r * 100_000 + int(a.rows.caps[r])) for r in range(3)])
+    assert [a.index_one(int(i)) for i in ids] == a.index(ids).tolist()

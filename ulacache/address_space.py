@@ -119,6 +119,13 @@ class AddressSpace:
             self.reserve(counts)
         return self.ids[rank].pop(n)
 
+    def index_one(self, addr: int) -> int:
+        """`index` of one allocated address, as an int (row r of the storage starts at rows.offs[r])."""
+        if self.rows.identity:
+            return addr
+        r = addr // self.slots_per_rank
+        return addr + int(self.rows.offs[r]) - r * self.slots_per_rank
+
     def pop_one(self, rank: int) -> int:
         """`pop_ids(rank, 1)` as an int (a decode token's address: no array passes)."""
         ids = self.ids[rank]

@@ -211,9 +211,9 @@ class UlaCache:
                 raise ValueError("rank must be None in TP mode: every rank executes the batch")
             rank = self._rank(rank)
         if small:
-            uniq, places, num_refs = self._translate_sorted(srt, lo)
+            uniq, ix, places, num_refs = self._translate_sorted(srt, lo)
         else:
-            uniq, places, num_refs = self._translate_marker(flat, lo, hi)
+            uniq, ix, places, num_refs = self._translate_marker(flat, lo, hi)
         if rank is not None and uniq.size:
             homes = self.space.home(uniq[[0, -1]])
             if homes[0] != rank or homes[1] != rank:
@@ -222,7 +222,7 @@ class UlaCache:
                     num_unique=int(uniq.size))
         if self.buffers is not None:
             self.buffers.check_fits(uniq)  # before the policy takes any slot: a refused batch changes nothing
-        self.policy.access(plan, places)
+        self.policy.access(plan, places, ix)
         if self.buffers is not None:
             self.buffers.plan(plan, places)
         else:
@@ -231,10 +231,10 @@ class UlaCache:
         self._pending = plan
         return plan
 
-    def _translate_marker(self, flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(distinct addresses ascending, their places, references without padding) of a batch of in-range
-        addresses (min lo, max hi): storage positions deduplicated by the backend (a large batch: the scatter marker
-        over storage), turned back into addresses."""
+    def _translate_marker(self, flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(distinct addresses ascending, their storage positions, their places, references without padding) of a
+        batch of in-range addresses (min lo, max hi): storage positions deduplicated by the backend (a large batch:
+        the scatter marker over storage), turned back into addresses."""
         be, space = self.be, self.space
         ix = self._storage_index(flat, "selected", allow_padding=True, hi=hi)
         uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
@@ -244,16 +244,16 @@ class UlaCache:
         uniq = space.rows.ids(uix)
         self._check_allocated(uniq, places, "selected")
         num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
-        return uniq, places, num_refs
+        return uniq, uix, places, num_refs
 
-    def _translate_sorted(self, s: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def _translate_sorted(self, s: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """`_translate_marker` of a batch much smaller than the storage (numpy), given sorted (`s`, min lo): the
         addresses themselves deduplicated (storage order is address order, so these are the same distinct
         addresses), then only the distinct ones located. Saves the storage positions of every reference and their
         mapping back (~40 us of a 2048-reference batch); the sorted copy gave min and max for free."""
         n = s.size
         if not n:
-            return s.astype(np.int64), self.space.table[:0], 0
+            return s.astype(np.int64), s.astype(np.int64), self.space.table[:0], 0
         pads = int(s.searchsorted(0)) if lo < 0 else 0  # -1 padding sorts first
         if pads:
             s = s[pads:]
@@ -263,10 +263,11 @@ class UlaCache:
             np.not_equal(s[1:], s[:-1], out=keep[1:])
             s = s[keep]
         s = s.astype(np.int64, copy=False)
-        places = self.space.table[self._sorted_index(s)] if s.size else self.space.table[:0]
+        ix = self._sorted_index(s) if s.size else s
+        places = self.space.table[ix]
         if places.size and int(places.min()) < 0:  # one reduction; the scan names the first unallocated address
             self._check_allocated(s, places, "selected")
-        return s, places, n - pads
+        return s, ix, places, n - pads
 
     def _sorted_index(self, a: np.ndarray) -> np.ndarray:
         """Storage positions of ascending, in-range, distinct addresses; ValueError for one never handed out."""

@@ -22,8 +22,9 @@ class Policy(Protocol):
     def alloc_many(self, request_ids: list[int], counts: np.ndarray, ranks: np.ndarray, tp: bool) -> np.ndarray:
         """Addresses for counts[i] new tokens of request_ids[i]; CapacityError (nothing changed) when full."""
 
-    def access(self, plan: Plan, places: np.ndarray) -> None:
-        """Fill `plan` for its unique addresses (places = their current places); CapacityError if it cannot fit."""
+    def access(self, plan: Plan, places: np.ndarray, ix: np.ndarray | None = None) -> None:
+        """Fill `plan` for its unique addresses (places = their current places, ix = their positions in the address
+        space's storage when the caller has them); CapacityError if it cannot fit."""
 
     def commit(self, plan: Plan) -> None:
         """Apply the plan's mapping and policy-state changes (the facade has moved the bytes)."""

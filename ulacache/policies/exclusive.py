@@ -275,7 +275,7 @@ class ExclusivePolicy:
         return out
 
     # -- access --------------------------------------------------------------------------------------------------------
-    def access(self, plan: Plan, places: np.ndarray) -> None:
+    def access(self, plan: Plan, places: np.ndarray, ix: np.ndarray | None = None) -> None:
         be, R, gpu = self.be, self.cfg.num_ranks, self.gpu
         uniq, now = plan.addrs, plan.now
         # Every entry GPU-resident (a warm batch) when the largest place is a GPU place (places are >= 0: the facade

@@ -203,7 +203,13 @@ class HiSparsePolicy:
         req = space.request(rid, r)
         new = rid not in space.requests
         self._check_room(r, int(new), c)
-        if c:
+        if c == 1:  # a decode token: scalars (the same id and CPU slot as pop_ids / pop)
+            a = space.pop_one(r)
+            a_ix = space.index_one(a)
+            space.table[a_ix] = self.cpu.free[r].pop_few(1)[0]
+            self.pending_d2h[r] += 1
+            addrs = np.array([a], dtype=np.int64)
+        elif c:
             addrs = space.pop_ids(r, c)
             space.set_places(addrs, self.cpu.free[r].pop(c))
             self.pending_d2h[r] += c  # prefill backed up whole, each decode token once
@@ -218,8 +224,17 @@ class HiSparsePolicy:
         if not c:
             return addrs
         D, qk = self.D, self._qkey(q)
-        aix = space.index(addrs)
         old_len, row, old_newest = int(self.hist_len[q]), int(self.row_of[q]), int(self.newest[q])
+        if c == 1 and old_len > D:  # a decode step past the buffer (every step of a long request): scalars only
+            prev = int(self.gowner[row, D])  # the previous newest token just drops out (keeps no copy)
+            self.key_of[space.index_one(prev) if prev >= 0 else space.index(self.gowner[row, D:])] = qk
+            self.lrow_of[q] = row
+            self.key_of[a_ix] = qk + D + 1
+            self.gowner[row, D] = a
+            self.newest[q] = a
+            self.hist_len[q] = old_len + 1
+            return addrs
+        aix = space.index(addrs)
         if c > 1:
             self.key_of[aix] = qk  # new tokens hold no copy (but those the fill or the newest slot gives one)
         if old_len > D:  # history past its buffer (decode): the previous newest just drops out
@@ -316,12 +331,13 @@ class HiSparsePolicy:
             self.gowner.reshape(-1)[rows[rep] * (D + 1) + t_slot] = t_addr
 
     # -- access --------------------------------------------------------------------------------------------------------
-    def access(self, plan: Plan, places: np.ndarray) -> None:
+    def access(self, plan: Plan, places: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Hits, misses and each touched request's new LRU order. Work: the batch, plus D per request whose order
-        changes (its order is rebuilt whole, a few vectorized passes over all such requests at once)."""
+        changes (its order is rebuilt whole, a few vectorized passes over all such requests at once). `ix`: the
+        addresses' storage positions, which the facade computed to translate them (else computed here)."""
         be, space = self.be, self.space
         uniq = plan.addrs
-        uix = space.index(uniq)
+        uix = space.index(uniq) if ix is None else ix
         key = be.to_numpy(be.gather(be.asarray(self.key_of), be.asarray(uix)))  # request << SH | slot + 1
         if uniq.size and int(key[0]) >> self.SH == int(key[-1]) >> self.SH:  # maybe one request's tokens
             q = int(key.min()) >> self.SH
