@@ -8,6 +8,9 @@ every CapacityError) checks that two trees answer the same calls identically.
 
 Usage: python bench/facade_trace.py record CONFIG_NAME OUT.pkl   (CONFIG_NAME: b1-tp-h200-d0, ... see CONFIGS)
        python bench/facade_trace.py replay IN.pkl [--largest N] [--repeats N]   (CPU-s, least of the repeats, digest)
+       python bench/facade_trace.py ab BEFORE AFTER OUT.json IN.pkl ... [--largest N] [--repeats N]
+           (each trace replayed by both commits' trees, alternating, each run in a fresh process; JSON with date,
+           command, commits, machine and load: every run, the least CPU-s per trace and tree, digests equal or not)
 """
 from __future__ import annotations
 
@@ -132,6 +135,50 @@ def _replay_once(logs: dict, keys: list) -> tuple[float, int, str]:
     return cpu, calls, h.hexdigest()
 
 
+def ab(before: str, after: str, out: str, traces: list[str], largest: int | None, repeats: int) -> dict:
+    """Replay each trace with the `before` and the `after` commit's library alternately (load drifts alike on both)."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hisparse_ab import export
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="facade_ab_") as tmp:
+        trees = {"before": Path(tmp) / "before", "after": Path(tmp) / "after"}
+        commits = {"before": export(before, trees["before"]), "after": export(after, trees["after"])}
+        for trace in traces:
+            for i in range(repeats):
+                for name, tree in trees.items():
+                    load = os.getloadavg()
+                    cmd = [sys.executable, str(Path(__file__).resolve()), "replay", trace]
+                    cmd += ["--largest", str(largest)] if largest else []
+                    res = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                                         capture_output=True, text=True)
+                    row = {"trace": trace, "tree": name, "repeat": i, "load_avg_before": load,
+                           **json.loads(res.stdout.splitlines()[-1])}
+                    runs.append(row)
+                    print(f"{Path(trace).name:28s} {name:6s} {row['cpu_s_min']:7.2f} cpu-s load {load[0]:.2f}",
+                          flush=True)
+    summary = {}
+    for trace in traces:
+        rows = [r for r in runs if r["trace"] == trace]
+        s = {f"{t}_cpu_s_min": min(r["cpu_s_min"] for r in rows if r["tree"] == t) for t in trees}
+        s["digests_identical"] = len({r["digest"] for r in rows}) == 1
+        summary[trace] = s
+    result = {"bench": "facade_trace_ab", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+              "load_avg_end": os.getloadavg(), "before": commits["before"], "after": commits["after"],
+              "summary": summary, "runs": runs}
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -142,8 +189,17 @@ def main() -> int:
     p.add_argument("trace")
     p.add_argument("--largest", type=int, default=None)
     p.add_argument("--repeats", type=int, default=1)
+    a = sub.add_parser("ab")
+    a.add_argument("before")
+    a.add_argument("after")
+    a.add_argument("out")
+    a.add_argument("traces", nargs="+")
+    a.add_argument("--largest", type=int, default=None)
+    a.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    if args.cmd == "record":
+    if args.cmd == "ab":
+        ab(args.before, args.after, args.out, args.traces, args.largest, args.repeats)
+    elif args.cmd == "record":
         record(args.name, args.out)
     else:
         print(json.dumps(replay(args.trace, args.largest, args.repeats)))
