@@ -2,41 +2,63 @@
 
 What grows with a replay (each figure from what it will simulate, not from the hardware budgets):
 - library caches: one per simulated indexer group (all groups during a pilot), each holding at most the history the
-  run can hold at once (`RunBound`). A cache's cost is *probed*: a cache of the run's configuration is built and
-  given tokens under tracemalloc (plus the library's re-laid tables, which live in mappings tracemalloc does not
-  see: `_held`, counted in full though untouched zero pages cost nothing) for both extreme placements of the phase's history: all in one space (DP: storage
-  kept in rows as long as the fullest rank's then costs every rank's row) and spread evenly over the spaces (storage
-  kept per rank then costs every rank's); the larger counts (`probe_cache`), x GROWTH for storage that grows by
-  doubling. TP local buffers add their copies (`copies_held`: every rank's buffer full, a pilot's at most what its
-  steps reference) at the bytes per copy `probe_copies` measures, and each cache keeps its last access plan (bytes
-  per reference probed too); the phase that runs to the end also frees requests, whose ids wait in free-id stacks
-  (`probe_freed`). The pilot's caches are freed (and the heap trimmed) before the main phase grows, so the
-  peak is the larger phase. The probes only estimate: no simulated choice reads them;
+  run can hold at once (`RunBound`: entries, and the fullest DP rank's). What a cache allocates is *probed*: caches
+  of the run's configuration are given tokens under tracemalloc (plus the library's re-laid tables, which live in
+  mappings tracemalloc does not see: counted in full, as if every page were written) and split into what grows
+  with each entry (address tables and per-address maps, separately for entries in the GPU tier and the CPU tier)
+  and, under DP, the rows every rank keeps as long as the fullest rank's (the GPU pool). These are composed at the
+  run's counts and grown by the library's own growth rule at its worst (`grown_ids`: no fitted margin). TP local
+  buffers add their copies (`copies_held`), each cache keeps its last access plan (bytes per reference probed,
+  every reference distinct), and where requests finish the free-id stacks hold up to the entries (`probe_freed`).
+  A table re-laid into a new buffer is held twice for a moment: one cache's tables more. The pilot's caches are
+  freed before the main phase grows, so the peak is the larger phase. The probes only estimate: no simulated
+  choice reads them;
 - address tables (sim/policy.py, shared by the groups: sim/tables.py): one, or one per group where TP caches may
   hand out different addresses; rows doubled from 4 until the simulated requests fit, each the longest request;
 - per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
   `SCRATCH_BYTES_PER_REF` each, twice (the selection source's arrays and the library's);
-- the timeline: one record per decode step, assumed `TIMELINE_BYTES_PER_STEP`;
-- the process as it is now (interpreter, numpy, pandas, simpy, the workload): its resident set at the check.
-bench/memory_bench.py compares the estimate with the measured peaks (bench/results/memory.json).
+- the timeline: one record per decode step (at most `workload.max_steps`), assumed `TIMELINE_BYTES_PER_STEP`;
+- the process as it is now (interpreter, numpy, simpy, the workload): its resident set at the check.
+What the estimate leaves above the measured peak (bench/footprint_accuracy.py, bench/results/footprint_accuracy.json)
+is mostly pages never written by the time of the peak (the PB-LRU buckets not yet used, slots not yet stamped),
+which a longer run may write, and the RunBound's margins (one request more per cache, the fullest rank's share).
 The limit is the smallest of `--max-memory-gb`, what the machine has available (MemAvailable plus this process's
 resident set) and an address-space rlimit (less what the process maps beyond its resident set).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import resource
 import tracemalloc
 
 import numpy as np
+from ulacache.pools import GROW_FLOOR, HEADROOM, SMALL_ROW
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
-GROWTH = 1.5  # the library's storage grows by doubling: 1x-2x the entries it holds (with the fullest-rank bound:
-#               above every measured peak, bench/results/memory.json; 2x refused DP replays that fit)
 PROBE_TOKENS = 1 << 17  # tokens a probe allocates at most (beyond: extrapolated per entry)
+# The library's tables grow by its rule (ulacache/pools.py `_grown`): a row's first storage is what it needs; a
+# long row then grows to need (1 + 1/HEADROOM), and a ragged row within 1/(2 HEADROOM) of full grows with its
+# neighbours, so a long row holds at most GROWTH x its ids right after growing; a short row (< SMALL_ROW) doubles
+# (<= 2 x its ids, and a row that doubled past SMALL_ROW holds <= 2 SMALL_ROW); every row is at least GROW_FLOOR
+# and padded to 64. `grown_ids` is that worst case; nothing here is fitted to a measurement.
+GROWTH = (1 + 1 / HEADROOM) / (1 - 1 / (2 * HEADROOM))
+IDSTACK_GROWTH = 2.0  # free-id stacks (pools.IdStack.push) double
+
+
+def grown_ids(ids: float, rows: int, ragged: bool = True) -> float:
+    """Worst-case storage (ids) of `rows` rows holding `ids` ids in all, split evenly (TP homes are spread evenly;
+    DP admission balances the ranks): per row max(GROW_FLOOR, g e, min(2 e, 2 SMALL_ROW)) + 64, e = ids / rows,
+    g = GROWTH for ragged rows (pools.RaggedRows), 1 + 1/HEADROOM for rows sharing one length (pools.RankRows)."""
+    if ids <= 0:
+        return 0.0
+    rows = max(1, int(rows))
+    e = ids / rows
+    g = GROWTH if ragged else 1 + 1 / HEADROOM
+    return rows * (max(GROW_FLOOR, g * e, min(2 * e, 2 * SMALL_ROW)) + 64)
 
 
 class MemoryLimitError(ValueError):
@@ -80,25 +102,35 @@ def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
 
 
 @contextlib.contextmanager
-def _traced():
-    """tracemalloc on for the block (left as found: a caller that already traces keeps tracing). Garbage is collected
-    first: caches left in reference cycles would otherwise release their tables in the middle of a probe."""
-    gc.collect()
-    was_tracing = tracemalloc.is_tracing()
+def probing():
+    """tracemalloc on and the automatic garbage collector off for the block. Probe caches and their temporaries
+    hold reference cycles (listeners are bound methods), so each measurement (`_held`) first collects the youngest
+    generation: with the collector off that is exactly what was made since the last measurement (what a probe's
+    window dropped), never older garbage, whose release in the middle of a window would read as a smaller cache.
+    One collection of the two young generations at the outermost end frees every probe cache before the run builds
+    its own (older generations are not walked: none of it is theirs). Tracing and gc are left as found."""
+    was_tracing, was_enabled = tracemalloc.is_tracing(), gc.isenabled()
     if not was_tracing:
         tracemalloc.start()
+    gc.disable()
+    gc.collect(0)
     try:
         yield
     finally:
+        if was_enabled:
+            gc.collect(1)
+            gc.enable()
         if not was_tracing:
             tracemalloc.stop()
 
 
 def _held() -> int:
-    """Bytes the process holds that the probes count: numpy's allocations (tracemalloc) plus the library's re-laid
-    tables, which live in mappings of their own that tracemalloc does not see (ulacache.pools.mapped_bytes)."""
+    """Bytes the process holds that the probes count, once the garbage made since the last call is gone (within
+    `probing`): numpy's allocations (tracemalloc) plus the library's re-laid tables, which live in mappings of
+    their own that tracemalloc does not see (ulacache.pools.mapped_bytes)."""
     from ulacache.pools import mapped_bytes
 
+    gc.collect(0)
     return tracemalloc.get_traced_memory()[0] + mapped_bytes()
 
 
@@ -110,49 +142,72 @@ def _memo(make_cache, name: str) -> dict:
 def _one_request(make_cache, k: int):
     """(cache, n): a fresh cache holding one request of n = min(PROBE_TOKENS, its room) tokens on rank 0."""
     cache = make_cache(0, k)
-    n = max(1, min(PROBE_TOKENS, _room(cache)))
+    n = max(1, min(PROBE_TOKENS, _room(cache.config)))
     cache.alloc_many([0], np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64))
     return cache, n
 
 
-def _probe_fill(make_cache, k: int, counts: list[int]) -> tuple[float, float]:
-    """(bytes when built, bytes added by allocating counts[r] tokens on rank r)."""
+def _probe_fill(build, counts: list[int]) -> tuple[float, float]:
+    """(bytes when built, bytes added by allocating counts[r] tokens on rank r) of a cache from `build()`."""
     base = _held()
-    cache = make_cache(0, k)
+    cache = build()
     built = _held()
     cache.alloc_many(list(range(len(counts))), np.array(counts, dtype=np.int64), np.arange(len(counts)))
-    filled = _held()
-    del cache
-    gc.collect()  # its tables go now, not in the middle of the next probe
-    return float(built - base), float(filled - built)
+    return float(built - base), float(_held() - built)
 
 
-def probe_cache(make_cache, k: int, entries: int, fullest: int) -> tuple[float, float]:
-    """(fixed bytes, bytes of the history) of one library cache built as the run builds them, holding `entries`
-    history entries with at most `fullest` in one space: the larger of the two extreme placements. All in one
-    space: `fullest` tokens on rank 0. Spread (DP): f = entries / R on every rank, from a probe of f tokens on one
-    rank (b1) and on two (b2): b1 + (R - 1) (b2 - b1), since storage kept in rows as long as the fullest rank's
-    costs the same for both and storage kept per rank grows by one rank's. Probes allocate at most PROBE_TOKENS
-    per rank and are scaled per entry beyond. Memoized on `make_cache`."""
+def _gpu_room(c) -> float:
+    """History entries one rank's GPU pool takes before the rest goes to the CPU tier (inf: one tier, hisparse)."""
+    return math.inf if c.policy == "hisparse" or not c.cpu_slots else float(c.gpu_slots)
+
+
+def _starved(c):
+    """The configuration with a GPU pool of 64 slots per rank and the rest of its slots on the CPU (same places
+    per rank, so the same table widths): its entries show what a CPU-tier entry costs."""
+    g = min(64, c.gpu_slots)
+    return dataclasses.replace(c, gpu_slots=g, cpu_slots=c.cpu_slots + c.gpu_slots - g,
+                               local_buffer_slots=c.effective_local_buffer_slots)
+
+
+def probe_cache(make_cache, k: int, entries: int, fullest: int) -> dict:
+    """Bytes of one library cache built as the run builds them, holding `entries` history entries with at most
+    `fullest` on one rank, from what probe caches of its configuration allocate (tracemalloc + the library's
+    mappings). The parts: `fixed` (built, empty); `gpu_entry` (bytes per GPU-resident entry of rows grown per rank:
+    address tables, per-address maps, pool rows in TP), `cpu_entry` (per entry in the CPU tier, from a cache whose
+    GPU pool is 64 slots per rank; `gpu_entry` where the run's entries all fit the GPU) and, under DP,
+    `shared_slot` (bytes per slot of the rows every rank keeps as long as the fullest rank's: the GPU pool's) from
+    n tokens on one rank (b1) and on two (b2): gpu_entry = (b2 - b1) / n, shared_slot = (2 b1 - b2) / n.
+    `bytes` composes them at the run's counts with the growth rule's worst case (`grown_ids`). Memoized."""
     memo = _memo(make_cache, "probes")
     key = (k, entries, fullest)
     if key in memo:
         return memo[key]
-    with _traced():
-        cache = make_cache(0, k)
-        room, ranks = _room(cache), cache.config.num_ranks
-        dp = cache.config.mode == "dp" and ranks > 1
-        del cache
-        n = max(1, min(fullest, PROBE_TOKENS, room))
-        fixed, one = _probe_fill(make_cache, k, [n])
-        fills = [one * max(fullest, 1) / n]
+    from ulacache import UlaCache
+
+    with probing():
+        c = make_cache(0, k).config
+        R = c.num_ranks
+        dp = c.mode == "dp" and R > 1
+        room = _gpu_room(c)
+        n = int(max(1, min(PROBE_TOKENS, _room(c), (fullest if dp else entries), room * (1 if dp else R))))
+        fixed, b1 = _probe_fill(lambda: make_cache(0, k), [n])
+        gpu_entry, shared = b1 / n, 0.0
         if dp:
-            f = min(-(-entries // ranks), fullest)
-            n = max(1, min(f, PROBE_TOKENS, room))
-            _, b1 = _probe_fill(make_cache, k, [n])
-            _, b2 = _probe_fill(make_cache, k, [n, n])
-            fills.append((b1 + (ranks - 1) * max(b2 - b1, 0.0)) * max(f, 1) / n)
-    memo[key] = out = (fixed, max(fills))
+            _, b2 = _probe_fill(lambda: make_cache(0, k), [n, n])
+            gpu_entry, shared = max(b2 - b1, 0.0) / n, max(2 * b1 - b2, 0.0) / n
+        on_gpu = min(entries, R * room)
+        cpu_entry = gpu_entry
+        if entries > on_gpu:
+            s = _starved(c)
+            m = int(max(1, min(PROBE_TOKENS, _room(s), entries - on_gpu)))
+            cpu_entry = _probe_fill(lambda: UlaCache(s), [m])[1] / m
+    rows = R if not dp else max(1, min(R, int(entries)))
+    per_entry = (gpu_entry * on_gpu + cpu_entry * (entries - on_gpu)) / max(entries, 1)
+    total = fixed + per_entry * grown_ids(entries, rows)
+    if shared:  # rows as long as the fullest rank's GPU share, capped at the pool (its rows end at the padded pool)
+        total += shared * min(grown_ids(min(fullest, room), 1, ragged=False), -(-c.gpu_slots // 64) * 64)
+    memo[key] = out = {"fixed": fixed, "gpu_entry": gpu_entry, "cpu_entry": cpu_entry, "shared_slot": shared,
+                       "bytes": total}
     return out
 
 
@@ -167,7 +222,7 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
         return memo[k]
     from ulacache import CapacityError
 
-    with _traced():
+    with probing():
         cache, n = _one_request(make_cache, k)
         c = cache.config
         slots = c.effective_local_buffer_slots if c.mode == "tp" and c.policy != "hisparse" else 0
@@ -208,7 +263,7 @@ def probe_freed(make_cache, k: int) -> float:
     memo = _memo(make_cache, "free_probes")
     if k in memo:
         return memo[k]
-    with _traced():
+    with probing():
         cache, n = _one_request(make_cache, k)
         filled = _held()
         cache.free(0)
@@ -254,9 +309,8 @@ def table_bytes(cache_config, bound, k: int, max_len: int) -> float:
     return float(rows * (max_len + 1) * (4 if places < 2**31 - 1 else 8))  # + the padding column
 
 
-def _room(cache) -> int:
-    """Tokens the probe may allocate on rank 0 (TP spreads them over every rank's pools)."""
-    c = cache.config
+def _room(c) -> int:
+    """Tokens a probe may allocate on rank 0 of a cache of configuration c (TP spreads them over every rank's pools)."""
     per_rank = c.cpu_slots if c.policy == "hisparse" else c.gpu_slots + c.cpu_slots
     return per_rank * (c.num_ranks if c.mode == "tp" and c.policy != "hisparse" else 1)
 
@@ -269,7 +323,8 @@ def estimate(cfg, system, requests, make_cache) -> dict:
     outputs = np.asarray(requests["output_tokens"], dtype=np.int64)
     running = max(1, min(len(requests), cfg.workload.max_concurrency))
     steps = math.ceil(outputs.sum() / running) + int(outputs.max())
-    out["timeline_bytes"] = float(steps * TIMELINE_BYTES_PER_STEP)
+    max_steps = cfg.workload.max_steps or math.inf  # a run cut short records (and frees) no more than that
+    out["timeline_bytes"] = float(min(steps, max_steps) * TIMELINE_BYTES_PER_STEP)
     if make_cache is not None:
         from sim.policy import PolicyRunner
 
@@ -278,25 +333,19 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         max_len = int(bound.totals[0])
         best = 0.0
         for i, (n_caches, k) in enumerate(phases):
+            pilot = i < len(phases) - 1  # a pilot runs pilot_steps steps, then its caches go
+            parts = cache_bytes(make_cache, bound, k, q * top_k, cfg.fidelity.pilot_steps if pilot else None,
+                                frees=int(outputs.min()) <= q * min(cfg.fidelity.pilot_steps if pilot else math.inf,
+                                                                      max_steps))
             config = make_cache.config(k)
-            fixed, fill = probe_cache(make_cache, k, bound.cache_entries(k), bound.balanced_slots(k))
-            pilot = cfg.fidelity.pilot_steps if i < len(phases) - 1 else None  # a pilot runs pilot_steps steps
-            copies = copies_held(config, bound, k, q * top_k, pilot)
-            per_copy, per_ref = probe_copies(make_cache, k)
-            # each cache keeps its last access plan: with TP local buffers, per-rank arrays of every reference (a DP
-            # or hisparse plan's, measured ~0.5 MB in the pinned-keys pilots, is within the fill's margin)
-            last_plan = per_ref * bound.cache_requests(k) * q * top_k if copies else 0.0
-            # the phase that runs to the end frees requests: the free-id stacks hold up to the entries held
-            freed = probe_freed(make_cache, k) * bound.cache_entries(k) if pilot is None else 0.0
-            caches = n_caches * (fixed + GROWTH * (fill + copies * per_copy + freed) + last_plan)
+            # a table re-laid into a new buffer is held twice until its rows are copied: at most one cache's tables
+            caches = n_caches * parts["cache"] + parts["history"]
             tables = (n_caches if config.mode == "tp" else 1) * table_bytes(config, bound, k, max_len)
             if caches + tables > best:
                 best = caches + tables
                 out["caches_bytes"], out["tables_bytes"] = caches, tables
                 out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.balanced_slots(k), k
-                out["probe_fixed_bytes"], out["probe_history_bytes"] = fixed, fill
-                out["copies_per_cache"], out["probe_copy_bytes"], out["probe_plan_ref_bytes"] = copies, per_copy, per_ref
-                out["probe_freed_bytes"] = freed
+                out.update({f"probe_{key}": v for key, v in parts.items()})
         from sim.policy import SELECT_ELEMS
 
         refs = max(bound.cache_requests(k) * q * top_k for _, k in phases)
@@ -304,6 +353,28 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         # (the source's result and its working copy, int64)
         out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF + 2.0 * 8 * max(refs, SELECT_ELEMS)
     out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
+    return out
+
+
+def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None, frees: bool) -> dict:
+    """One cache of a phase at stride k (`steps`: a pilot's policy steps, None: to the end), in bytes: `history`
+    (its entries, `probe_cache`), `copies` (TP local buffers full, `copies_held`, at the bytes per copy
+    `probe_copies` measures, rows grown as `grown_ids` says up to the buffer), `last_plan` (the plan of its last
+    access, kept until the next: per reference of every simulated request's selections, all distinct), `freed`
+    (where requests finish within the phase: free-id stacks, up to the entries held, doubling) and `cache`, the sum."""
+    config = make_cache.config(k)
+    entries, R = bound.cache_entries(k), config.num_ranks
+    hist = probe_cache(make_cache, k, entries, bound.balanced_slots(k))
+    copies = copies_held(config, bound, k, refs_per_step, steps)
+    per_copy, per_ref = probe_copies(make_cache, k)
+    if copies:
+        seg = -(-config.effective_local_buffer_slots // 64) * 64
+        copies = min(grown_ids(copies, R, ragged=False), R * seg)
+    out = {"history": hist["bytes"] - hist["fixed"], "copies": copies * per_copy,
+           "last_plan": per_ref * bound.cache_requests(k) * refs_per_step if copies else 0.0,
+           "freed": IDSTACK_GROWTH * probe_freed(make_cache, k) * entries if frees else 0.0}
+    out["cache"] = hist["fixed"] + sum(out.values())
+    out.update({key: hist[key] for key in ("gpu_entry", "cpu_entry", "shared_slot")})
     return out
 
 
