@@ -35,10 +35,13 @@ import resource
 import tracemalloc
 
 import numpy as np
+
 from ulacache.pools import GROW_FLOOR, HEADROOM, SMALL_ROW
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
+ENGINE_BYTES = 1 << 20  # assumed: what the engine builds after the check (simpy environment, cost tables, its arrays)
+#                         and the C heap's top pad: measured 0.5-0.6 MB for sglang at 24 and 256 requests, 1-16 steps
 PROBE_TOKENS = 1 << 17  # tokens a probe allocates at most (beyond: extrapolated per entry)
 # The library's tables grow by its rule (ulacache/pools.py `_grown`): a row's first storage is what it needs; a
 # long row then grows to need (1 + 1/HEADROOM), and a ragged row within 1/(2 HEADROOM) of full grows with its
@@ -49,16 +52,17 @@ GROWTH = (1 + 1 / HEADROOM) / (1 - 1 / (2 * HEADROOM))
 IDSTACK_GROWTH = 2.0  # free-id stacks (pools.IdStack.push) double
 
 
-def grown_ids(ids: float, rows: int, ragged: bool = True) -> float:
+def grown_ids(ids: float, rows: int, ragged: bool = True, limit: float = math.inf) -> float:
     """Worst-case storage (ids) of `rows` rows holding `ids` ids in all, split evenly (TP homes are spread evenly;
     DP admission balances the ranks): per row max(GROW_FLOOR, g e, min(2 e, 2 SMALL_ROW)) + 64, e = ids / rows,
-    g = GROWTH for ragged rows (pools.RaggedRows), 1 + 1/HEADROOM for rows sharing one length (pools.RankRows)."""
+    g = GROWTH for ragged rows (pools.RaggedRows), 1 + 1/HEADROOM for rows sharing one length (pools.RankRows);
+    a row never grows past its `limit` (the ids of its rank: the pool or address range it covers)."""
     if ids <= 0:
         return 0.0
     rows = max(1, int(rows))
     e = ids / rows
     g = GROWTH if ragged else 1 + 1 / HEADROOM
-    return rows * (max(GROW_FLOOR, g * e, min(2 * e, 2 * SMALL_ROW)) + 64)
+    return rows * max(e, min(limit, max(GROW_FLOOR, g * e, min(2 * e, 2 * SMALL_ROW)) + 64))
 
 
 class MemoryLimitError(ValueError):
@@ -148,7 +152,10 @@ def _one_request(make_cache, k: int):
 
 
 def _probe_fill(build, counts: list[int]) -> tuple[float, float]:
-    """(bytes when built, bytes added by allocating counts[r] tokens on rank r) of a cache from `build()`."""
+    """(bytes when built, bytes added by allocating counts[r] tokens on rank r) of a cache from `build()`. The same
+    allocation of one token per rank is made first, unmeasured: what the library's first use of a code path loads
+    (lazy imports: ~1.5 MB measured for a first multi-rank allocation) is the process's, once, not the cache's."""
+    build().alloc_many(list(range(len(counts))), np.ones(len(counts), dtype=np.int64), np.arange(len(counts)))
     base = _held()
     cache = build()
     built = _held()
@@ -203,9 +210,11 @@ def probe_cache(make_cache, k: int, entries: int, fullest: int) -> dict:
             cpu_entry = _probe_fill(lambda: UlaCache(s), [m])[1] / m
     rows = R if not dp else max(1, min(R, int(entries)))
     per_entry = (gpu_entry * on_gpu + cpu_entry * (entries - on_gpu)) / max(entries, 1)
-    total = fixed + per_entry * grown_ids(entries, rows)
-    if shared:  # rows as long as the fullest rank's GPU share, capped at the pool (its rows end at the padded pool)
-        total += shared * min(grown_ids(min(fullest, room), 1, ragged=False), -(-c.gpu_slots // 64) * 64)
+    # rows laid out like a rank's addresses end at its address range (its pools' slots; hisparse: its CPU copy)
+    span = c.cpu_slots if c.policy == "hisparse" else c.gpu_slots + c.cpu_slots
+    total = fixed + per_entry * grown_ids(entries, rows, limit=span)
+    if shared:  # rows as long as the fullest rank's GPU share, up to the pool (its rows end at the padded pool)
+        total += shared * grown_ids(min(fullest, room), 1, ragged=False, limit=-(-c.gpu_slots // 64) * 64)
     memo[key] = out = {"fixed": fixed, "gpu_entry": gpu_entry, "cpu_entry": cpu_entry, "shared_slot": shared,
                        "bytes": total}
     return out
@@ -317,14 +326,24 @@ def _room(c) -> int:
 
 def estimate(cfg, system, requests, make_cache) -> dict:
     """Estimated peak bytes of the replay, with its parts (all in bytes)."""
-    _, rss = _statm()
-    out = {"process_bytes": float(rss), "caches_bytes": 0.0, "tables_bytes": 0.0, "scratch_bytes": 0.0}
-    q, top_k = cfg.query_tokens, cfg.model.top_k
+    out = {"process_bytes": 0.0, "engine_bytes": float(ENGINE_BYTES), "caches_bytes": 0.0, "tables_bytes": 0.0,
+           "scratch_bytes": 0.0}
     outputs = np.asarray(requests["output_tokens"], dtype=np.int64)
     running = max(1, min(len(requests), cfg.workload.max_concurrency))
     steps = math.ceil(outputs.sum() / running) + int(outputs.max())
     max_steps = cfg.workload.max_steps or math.inf  # a run cut short records (and frees) no more than that
     out["timeline_bytes"] = float(min(steps, max_steps) * TIMELINE_BYTES_PER_STEP)
+    with probing():
+        _caches(cfg, requests, make_cache, out, max_steps)
+    out["process_bytes"] = float(_statm()[1])  # after the probes: with what they loaded (their caches are gone)
+    out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
+    return out
+
+
+def _caches(cfg, requests, make_cache, out: dict, max_steps: float) -> None:
+    """The library caches, address tables and access scratch of the larger phase, into `out`."""
+    q, top_k = cfg.query_tokens, cfg.model.top_k
+    outputs = np.asarray(requests["output_tokens"], dtype=np.int64)
     if make_cache is not None:
         from sim.policy import PolicyRunner
 
@@ -352,8 +371,6 @@ def estimate(cfg, system, requests, make_cache) -> dict:
         # the library's and the source's per-reference arrays, + the selections fetched for several groups at once
         # (the source's result and its working copy, int64)
         out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF + 2.0 * 8 * max(refs, SELECT_ELEMS)
-    out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
-    return out
 
 
 def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None, frees: bool) -> dict:
@@ -367,9 +384,8 @@ def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None
     hist = probe_cache(make_cache, k, entries, bound.balanced_slots(k))
     copies = copies_held(config, bound, k, refs_per_step, steps)
     per_copy, per_ref = probe_copies(make_cache, k)
-    if copies:
-        seg = -(-config.effective_local_buffer_slots // 64) * 64
-        copies = min(grown_ids(copies, R, ragged=False), R * seg)
+    if copies:  # the buffers' rows (pools.RankRows) end at the padded buffer
+        copies = grown_ids(copies, R, ragged=False, limit=-(-config.effective_local_buffer_slots // 64) * 64)
     out = {"history": hist["bytes"] - hist["fixed"], "copies": copies * per_copy,
            "last_plan": per_ref * bound.cache_requests(k) * refs_per_step if copies else 0.0,
            "freed": IDSTACK_GROWTH * probe_freed(make_cache, k) * entries if frees else 0.0}
