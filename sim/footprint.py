@@ -225,7 +225,7 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
     plan a cache keeps). A cache given PROBE_TOKENS tokens is accessed, under tracemalloc, in batches that fit (TP:
     until every rank's buffer is full), then once with one reference (so that the plan it keeps is small): bytes
     then / copies held (the buffer pool's rows, the slot maps' keys), and what the large batch's kept plan cost / its
-    references. Memoized."""
+    references (the larger of that and a scattered batch's, `_plan_bytes`). Memoized."""
     memo = _memo(make_cache, "copy_probes")
     if k in memo:
         return memo[k]
@@ -261,9 +261,26 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
             held = min(fetched, c.num_ranks * slots)
             per_copy = max(settled - before, 0) / held if held else 0.0
             per_ref = max(filled - settled, 0) / batch
+            per_ref = max(per_ref, _plan_bytes(cache, addrs, batch) / batch)
         del cache
     memo[k] = out = (per_copy, per_ref)
     return out
+
+
+def _plan_bytes(cache, addrs: np.ndarray, batch: int) -> float:
+    """Bytes the plan of an access to `batch` of `addrs` chosen at random (seeded: a top-k selection is scattered
+    over the history, not a run of it; some plans keep more per reference for scattered misses) keeps in the cache,
+    measured as what a one-reference access afterwards releases."""
+    from ulacache import CapacityError
+
+    pick = np.random.default_rng(0).choice(addrs, size=min(batch, addrs.size), replace=False)
+    try:
+        cache.commit(cache.access(pick.reshape(1, 1, -1)))
+        filled = _held()
+        cache.commit(cache.access(addrs[:1].reshape(1, 1, 1)))
+    except CapacityError:
+        return 0.0
+    return float(max(filled - _held(), 0))
 
 
 def probe_freed(make_cache, k: int) -> float:
@@ -363,7 +380,7 @@ def _caches(cfg, requests, make_cache, out: dict, max_steps: float) -> None:
             if caches + tables > best:
                 best = caches + tables
                 out["caches_bytes"], out["tables_bytes"] = caches, tables
-                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, bound.balanced_slots(k), k
+                out["caches"], out["entries_per_cache"], out["request_stride"] = n_caches, fullest_space(bound, k), k
                 out.update({f"probe_{key}": v for key, v in parts.items()})
         from sim.policy import SELECT_ELEMS
 
@@ -373,6 +390,21 @@ def _caches(cfg, requests, make_cache, out: dict, max_steps: float) -> None:
         out["scratch_bytes"] = 2.0 * refs * SCRATCH_BYTES_PER_REF + 2.0 * 8 * max(refs, SELECT_ELEMS)
 
 
+def fullest_space(bound, k: int) -> int:
+    """History entries the fullest admission space simulates at stride k: admission puts a request in the space
+    with the most free slots (sim/engine.py `_space_for`), so a space taking its n-th request held no more than the
+    mean of the others' reserved totals: (n - 1) x the smallest total <= the largest (max_running - 1) totals / spaces,
+    and it simulates at most max(1, round(n / stride)) of them (sim/policy.py `admit`): those many of the largest
+    totals. At most `RunBound.balanced_slots` (its mean share + one request)."""
+    t = bound.totals
+    if bound.num_spaces <= 1:
+        return int(bound.balanced_slots(k))
+    others = float(t[:max(bound.max_running - 1, 0)].sum()) / bound.num_spaces
+    n = 1 + int(others // max(int(t[-1]), 1))
+    simulated = max(1, math.floor(n / bound.stride(k) + 0.5))
+    return int(min(bound.balanced_slots(k), t[:simulated].sum()))
+
+
 def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None, frees: bool) -> dict:
     """One cache of a phase at stride k (`steps`: a pilot's policy steps, None: to the end), in bytes: `history`
     (its entries, `probe_cache`), `copies` (TP local buffers full, `copies_held`, at the bytes per copy
@@ -380,14 +412,16 @@ def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None
     access, kept until the next: per reference of every simulated request's selections, all distinct), `freed`
     (where requests finish within the phase: free-id stacks, up to the entries held, doubling) and `cache`, the sum."""
     config = make_cache.config(k)
-    entries, R = bound.cache_entries(k), config.num_ranks
-    hist = probe_cache(make_cache, k, entries, bound.balanced_slots(k))
+    R = config.num_ranks
+    fullest = fullest_space(bound, k)
+    entries = min(bound.cache_entries(k), bound.num_spaces * fullest)
+    hist = probe_cache(make_cache, k, entries, fullest)
     copies = copies_held(config, bound, k, refs_per_step, steps)
     per_copy, per_ref = probe_copies(make_cache, k)
     if copies:  # the buffers' rows (pools.RankRows) end at the padded buffer
         copies = grown_ids(copies, R, ragged=False, limit=-(-config.effective_local_buffer_slots // 64) * 64)
     out = {"history": hist["bytes"] - hist["fixed"], "copies": copies * per_copy,
-           "last_plan": per_ref * bound.cache_requests(k) * refs_per_step if copies else 0.0,
+           "last_plan": per_ref * bound.cache_requests(k) * refs_per_step,
            "freed": IDSTACK_GROWTH * probe_freed(make_cache, k) * entries if frees else 0.0}
     out["cache"] = hist["fixed"] + sum(out.values())
     out.update({key: hist[key] for key in ("gpu_entry", "cpu_entry", "shared_slot")})
