@@ -14,7 +14,11 @@ Grid (peak memory is reached at admission, so most runs stop after `workload.max
 
 Usage: python bench/footprint_accuracy.py --tag before|after [--filter LABEL] [--out bench/results/footprint_accuracy.json]
 Rows are kept per label and tag (`runs[label][tag]`), each with its commit, date, command and load; `summary[tag]` has
-the min / median / max ratio of the tag's runs.
+the min / median / max ratio of the tag's runs. The parent stays small: a child's ru_maxrss also counts the memory
+map it was forked from (kept across exec), so a large parent would lift every child's figure to its own.
+`--check-cost COMMIT` instead times footprint.check itself (CPU and wall seconds, gc.collect calls by generation) on
+the pinned-keys ulacache TP h200 config, in fresh processes, with sim/footprint.py of COMMIT and of this tree, three
+times each, alternating (`check_cost` in the JSON).
 """
 from __future__ import annotations
 
@@ -117,6 +121,47 @@ def run_one(tree: dict, overrides: list[str], timeout_s: float = 600.0) -> dict:
     return row
 
 
+COST_CHILD = """import gc, importlib.util, json, sys, time
+from sim.config import build, load_config
+from sim.run import load_workload, cache_factory
+from sim.systems import budget_for, system_for_workload
+spec = importlib.util.spec_from_file_location("footprint_under_test", sys.argv[1])
+fp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fp)
+cfg = build(load_config(json.loads(sys.argv[2])))
+requests, source = load_workload(cfg)
+system = system_for_workload(cfg, budget_for(cfg), requests, source)
+make = cache_factory(cfg, system, requests)
+calls, real = [], gc.collect
+gc.collect = lambda generation=2: (calls.append(generation), real(generation))[1]
+t0, w0 = time.process_time(), time.perf_counter()
+est = fp.check(cfg, system, requests, make)
+cpu, wall = time.process_time() - t0, time.perf_counter() - w0
+gc.collect = real
+print("RESULT " + json.dumps({"cpu_s": cpu, "wall_s": wall, "gc_calls_by_generation": {g: calls.count(g) for g in set(calls)},
+                             "est_peak_bytes": est["peak_bytes"]}))
+"""
+
+
+def check_cost(commit: str) -> dict:
+    """footprint.check's own cost with sim/footprint.py of `commit` and of this tree (fresh processes, alternating)."""
+    tree = {**PINNED, "system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "num_gpus": 8}}
+    old = Path(tempfile.mkdtemp()) / "footprint_old.py"
+    old.write_text(subprocess.run(["git", "show", f"{commit}:sim/footprint.py"], cwd=ROOT, capture_output=True,
+                                  text=True, check=True).stdout)
+    out = {"config": tree, "runs": {commit: [], "tree": []}}
+    for _ in range(3):
+        for label, path in ((commit, old), ("tree", ROOT / "sim" / "footprint.py")):
+            run = subprocess.run([sys.executable, "-c", COST_CHILD, str(path), json.dumps(tree)], cwd=ROOT,
+                                 capture_output=True, text=True)
+            row = next(json.loads(x[7:]) for x in run.stdout.splitlines() if x.startswith("RESULT "))
+            row["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+            out["runs"][label].append(row)
+            print(label, row, flush=True)
+    out["min_cpu_s"] = {k: round(min(r["cpu_s"] for r in v), 3) for k, v in out["runs"].items()}
+    return out
+
+
 def summary(rows: list[dict]) -> dict:
     ratios = sorted(r["ratio"] for r in rows if r.get("ratio"))
     if not ratios:
@@ -127,7 +172,8 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tag", required=True)
+    ap.add_argument("--tag", default=None)
+    ap.add_argument("--check-cost", metavar="COMMIT", default=None, help="time footprint.check: COMMIT's vs this tree's")
     ap.add_argument("--filter", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "footprint_accuracy.json"))
     args = ap.parse_args()
@@ -139,6 +185,16 @@ def main() -> int:
         "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
         "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
         "address_space_limit_gb": AS_LIMIT_GB})
+    if args.check_cost:
+        result["check_cost"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                                "commit": commit, "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                                **check_cost(args.check_cost)}
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(out)
+        return 0
+    if not args.tag:
+        ap.error("--tag is required (unless --check-cost)")
     for label, tree, overrides in grid():
         if args.filter and args.filter not in label:
             continue
