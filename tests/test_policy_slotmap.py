@@ -85,3 +85,32 @@ def test_tp_cache_on_hash_maps_matches_dense_maps(policy, monkeypatch):
         c.check_invariants()
         results.append(out)
     assert results[0] == results[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3, 8]), st.integers(1, 300), st.floats(0.0, 1.0))
+def test_remote_lookup_matches_a_plain_model(seed, ranks, batch, held_fraction):
+    """DenseSlotMaps.remote against a per-rank loop: each rank looks up the batch's addresses homed elsewhere; misses
+    grouped by rank, ascending within."""
+    rng = np.random.default_rng(seed)
+    per_rank = 400
+    space = AddressSpace(ranks, per_rank, per_rank)
+    for r in range(ranks):
+        space.pop_ids(r, per_rank)
+    maps = DenseSlotMaps(ranks, space, capacity=1000)
+    keys = np.arange(ranks * per_rank, dtype=np.int64)
+    for r in range(ranks):
+        k = keys[(keys // per_rank != r) & (rng.random(keys.size) < held_fraction)]
+        maps.set(np.full(k.size, r, np.int64), k, rng.integers(0, 1000, k.size))
+    addrs = np.unique(rng.integers(0, ranks * per_rank, batch))
+    bounds = np.searchsorted(addrs, np.arange(ranks + 1) * per_rank).tolist()
+    want_miss, want_hits = [], []
+    for r in range(ranks):  # loop over ranks (the model)
+        remote = [i for i in range(addrs.size) if not bounds[r] <= i < bounds[r + 1]]
+        miss = [i for i in remote if maps.get(r, addrs[i:i + 1])[0] < 0]
+        want_miss += miss
+        want_hits.append(len(remote) - len(miss))
+    hits, miss, m_counts, _ = maps.remote(addrs, space.index(addrs), bounds)
+    assert hits.tolist() == want_hits
+    assert miss.tolist() == want_miss
+    assert m_counts.sum() == miss.size
