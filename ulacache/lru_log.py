@@ -308,12 +308,14 @@ class StampLog:
                 n, t = have.take(rows), take.take(rows)
                 # slot + 1 in address order within a rank -> storage positions (rank r's slot s is r * cap + s)
                 cand = sub.reshape(-1).take(np.flatnonzero(m)).astype(self._dtype(R * cap))
-                cand += np.repeat(rows * cap - 1, n).astype(cand.dtype)
-                lim = np.zeros(R, dtype=np.int64)  # per rank: slots + 1 up to lim taken
+                cand += np.repeat((rows * cap - 1).astype(cand.dtype), n)
+                # per rank: slots + 1 up to lim taken (held's dtype: comparing it with int64 casts every cell)
+                lim = np.zeros(R, dtype=held.dtype)
+                every = np.iinfo(held.dtype).max  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
                 if (t == n).all():
                     cand.sort()  # slot order within a rank (ranks stay grouped)
                     got = cand
-                    lim[rows] = np.iinfo(np.int64).max
+                    lim[rows] = every
                 else:  # per rank the t smallest, in order (a partition first where t < n)
                     ends = np.cumsum(n).tolist()
                     got = []
@@ -323,7 +325,7 @@ class StampLog:
                             mine = np.partition(mine, tr - 1)[:tr]
                             lim[r] = int(mine[tr - 1]) - r * cap + 1
                         else:
-                            lim[r] = np.iinfo(np.int64).max
+                            lim[r] = every
                         mine.sort()
                         got.append(mine)
                     got = np.concatenate(got)
