@@ -441,3 +441,23 @@ def test_pblru_epoch_clock_past_int16_matches_a_fresh_clock():
     (l0, e0, d0), (l1, e1, d1) = runs
     assert e0 == e1 >= 4 and d0 == np.int16 and d1 == np.int32
     assert all(np.array_equal(x, y) for x, y in zip(l0, l1))
+
+
+def test_large_tp_batch_located_by_home_runs():
+    """A TP batch of >= cache._RUN_SHIFT_MIN distinct addresses is located by home runs: the same places as locate
+    gives, and an address beyond its home row's allocation is refused by name (the smallest one)."""
+    from ulacache.cache import _RUN_SHIFT_MIN
+    n = 3 * _RUN_SHIFT_MIN
+    c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=n, cpu_slots=n, policy="pb-lru"))
+    a = c.alloc(1, n)
+    b = c.alloc(2, n // 2)
+    sel = np.concatenate([a[::2], b, [-1]])
+    rng = np.random.default_rng(0)
+    plan = c.access(rng.permutation(sel))
+    assert plan.num_unique == sel.size - 1 and np.array_equal(plan.addrs, np.sort(sel[:-1]))
+    assert plan.num_hits + plan.num_misses == plan.num_unique
+    c.commit(plan)
+    c.check_invariants()
+    c.free(2)
+    with pytest.raises(ValueError, match=f"unallocated address {int(np.sort(b)[0])}"):
+        c.access(np.concatenate([a, b]))
