@@ -370,9 +370,11 @@ def _caches(cfg, requests, make_cache, out: dict, max_steps: float) -> None:
         best = 0.0
         for i, (n_caches, k) in enumerate(phases):
             pilot = i < len(phases) - 1  # a pilot runs pilot_steps steps, then its caches go
-            parts = cache_bytes(make_cache, bound, k, q * top_k, cfg.fidelity.pilot_steps if pilot else None,
-                                frees=int(outputs.min()) <= q * min(cfg.fidelity.pilot_steps if pilot else math.inf,
-                                                                      max_steps))
+            # policy steps the phase runs at most: a pilot's, or what workload.max_steps leaves (copies are made
+            # and requests finish only within them)
+            steps = min(cfg.fidelity.pilot_steps if pilot else math.inf, max_steps)
+            parts = cache_bytes(make_cache, bound, k, q * top_k, None if steps == math.inf else int(steps),
+                                frees=int(outputs.min()) <= q * steps)
             config = make_cache.config(k)
             # a table re-laid into a new buffer is held twice until its rows are copied: at most one cache's tables
             caches = n_caches * parts["cache"] + parts["history"]
@@ -406,7 +408,7 @@ def fullest_space(bound, k: int) -> int:
 
 
 def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None, frees: bool) -> dict:
-    """One cache of a phase at stride k (`steps`: a pilot's policy steps, None: to the end), in bytes: `history`
+    """One cache of a phase at stride k (`steps`: the policy steps it runs at most, None: to the end), in bytes: `history`
     (its entries, `probe_cache`), `copies` (TP local buffers full, `copies_held`, at the bytes per copy
     `probe_copies` measures, rows grown as `grown_ids` says up to the buffer), `last_plan` (the plan of its last
     access, kept until the next: per reference of every simulated request's selections, all distinct), `freed`
