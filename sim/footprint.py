@@ -18,10 +18,12 @@ What grows with a replay (each figure from what it will simulate, not from the h
 - per-access scratch: the access batch's references (addresses, places, masks, sort scratch), assumed
   `SCRATCH_BYTES_PER_REF` each, twice (the selection source's arrays and the library's);
 - the timeline: one record per decode step (at most `workload.max_steps`), assumed `TIMELINE_BYTES_PER_STEP`;
-- the process as it is now (interpreter, numpy, simpy, the workload): its resident set at the check.
+- the process (interpreter, numpy, simpy, the workload, what the probes loaded): its resident set once they are
+  done, + `ENGINE_BYTES` for what the engine builds after the check.
 What the estimate leaves above the measured peak (bench/footprint_accuracy.py, bench/results/footprint_accuracy.json)
-is mostly pages never written by the time of the peak (the PB-LRU buckets not yet used, slots not yet stamped),
-which a longer run may write, and the RunBound's margins (one request more per cache, the fullest rank's share).
+is bounds, not margins: pages not yet written at the peak (PB-LRU buckets not yet used, slots not yet stamped),
+which a longer run may write; every reference of a step distinct (verify tokens share most of their selections);
+TP local buffers and plans filled by distinct references; the fullest DP space as admission could make it.
 The limit is the smallest of `--max-memory-gb`, what the machine has available (MemAvailable plus this process's
 resident set) and an address-space rlimit (less what the process maps beyond its resident set).
 """
