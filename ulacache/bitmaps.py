@@ -82,24 +82,30 @@ class BucketBitmaps:
     def _store(self, kind: str, row: int, bitmap: np.ndarray, slots: np.ndarray, delta: int) -> None:
         """Install the bitmap after a write of `slots` (delta > 0: set; None: written in place), keep its summary
         flags, count members (a few slots, e.g. a decode token's, in Python ints: no array passes)."""
-        i = -1 if kind == "cold" else row
         if bitmap is None:  # written in place (numpy): copying a row onto itself cost a pass over the row
             pass
         elif kind == "cold":
             self.cold_bits = bitmap
         else:
             self.ring_bits[row] = bitmap
-        nz = self._bits(kind, row)[1]
-        few = slots.tolist() if slots.size <= _FEW_SLOTS else None
         if delta > 0:
-            if few is None:
+            nz = self._bits(kind, row)[1]
+            if slots.size > _FEW_SLOTS:
                 nz[slots >> 6] = True
             else:
-                for s in few:
+                for s in slots.tolist():
                     nz[s >> 6] = True
-        else:
+        self._account(kind, row, slots, delta)
+
+    def _account(self, kind: str, row: int, slots, delta: int) -> None:
+        """Counts after `delta` members were set (> 0) or cleared (< 0) in a bucket: its members; its clears since
+        its flags were recomputed (recomputed, O(words), once they outnumber the words); and, for the current
+        bucket, its members per rank (from `slots`, read only then)."""
+        i = -1 if kind == "cold" else row
+        if delta < 0:
             self.cleared[i] -= delta
-            if self.cleared[i] > nz.size:  # recompute the flags (O(words), after at least as many clears)
+            nz = self._bits(kind, row)[1]
+            if self.cleared[i] > nz.size:
                 nz[:] = self._bits(kind, row)[0].view("<u8") != 0
                 self.cleared[i] = 0
         self.count[i] += delta
@@ -107,9 +113,9 @@ class BucketBitmaps:
             per_rank, sign = self.current_per_rank, 1 if delta > 0 else -1
             if per_rank.size == 1:
                 per_rank[0] += delta
-            elif few is not None:
+            elif slots.size <= _FEW_SLOTS:
                 cap = max(self.pool.cap, 1)
-                for s in few:
+                for s in slots.tolist():
                     per_rank[s // cap] += sign
             else:
                 per_rank += sign * np.bincount(self.pool.rank_of_idx(slots), minlength=per_rank.size)
@@ -126,11 +132,36 @@ class BucketBitmaps:
         if slots.size == 0:
             return
         ages = be.to_numpy(be.bucket_of(be.asarray(stamps), be.asarray(slots), self.epoch, self.num_recent))
-        present = np.flatnonzero(np.bincount(ages, minlength=self.num_recent + 2))
+        per_age = np.bincount(ages, minlength=self.num_recent + 2)
+        present = np.flatnonzero(per_age)
         if present.size == 1:
             return self._write(be, int(present[0]), slots, False)
+        if getattr(be, "scalar_updates", False) and self.ring_bits.flags.c_contiguous:
+            return self._clear_across(be, slots, ages, present.tolist(), per_age.tolist())
         for age in present.tolist():  # loop over buckets (at most K + 2)
             self._write(be, age, slots.take(np.flatnonzero(ages == age)), False)
+
+    def _clear_across(self, be, slots: np.ndarray, ages: np.ndarray, present: list, per_age: list) -> None:
+        """`remove` of slots in several buckets (numpy, bitmaps written in place): the ring rows are one array, so
+        the slots in recent buckets are cleared by one write over it (bit row * row bits + slot), the cold ones by
+        one more; then each bucket's flags and counts are kept as `_store` keeps them. One bitmap write per tier
+        instead of one per bucket, and no per-bucket selection of its slots (but the current bucket's, whose
+        per-rank counts need them)."""
+        K = self.num_recent
+        ring = ages <= K
+        if present[-1] > K:  # some slots are cold
+            cold = np.flatnonzero(~ring)
+            be.bitmap_clear(self.cold_bits, slots.take(cold))
+            ring_idx = np.flatnonzero(ring)
+            r_slots, r_ages = slots.take(ring_idx), ages.take(ring_idx)
+        else:
+            r_slots, r_ages = slots, ages
+        if r_slots.size:
+            rows = (self.epoch - r_ages) % (K + 1)
+            be.bitmap_clear(self.ring_bits.reshape(-1), rows * (self.ring_bits.shape[1] * 8) + r_slots)
+        for age in present:  # loop over buckets (at most K + 2): counts only
+            kind, row = ("cold", -1) if age > K else ("ring", self.row(self.epoch - age))
+            self._account(kind, row, slots.take(np.flatnonzero(ages == 0)) if age == 0 else None, -per_age[age])
 
     def refresh(self, be, slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
         """Move occupied slots (an access's hits) into the current bucket; those whose stamp is the current epoch are
