@@ -3,7 +3,7 @@ work: bench/hisparse_ab.py's runner (each replay by the commit's own bench/scale
 commit's tree; CPU-s user + sys and peak RSS from wait4; wall; load) over another system's labels.
 
 Usage: python bench/small_batch_ab.py BEFORE AFTER OUT.json [--system ulacache] [--sections batch1,pinned]
-       [--filter S] [--repeats N]
+       [--filter S] [--repeats N]   (sections: batch1, pinned, paper)
 Writes every run, the best CPU-s and the largest peak RSS per replay and tree, and whether the trees' metrics agree
 (wall-clock and memory figures aside), with date, command, commits, machine and load.
 """
@@ -21,6 +21,8 @@ def labels(system: str, section: str) -> list[str]:
     """scale_bench's labels of the system's replays in a section."""
     if section == "batch1":
         return [f"{system}-{att}-{hw}-draft{d}" for hw in ("h200", "b300") for d in (0, 4) for att in ("dp", "tp")]
+    if section == "paper":  # configs/paper-h200-tp-specon.yaml (ulacache only)
+        return ["ulacache-tp-h200-specon"] if system == "ulacache" else []
     return [f"{system}-{att}-{hw}" for hw in ("h200", "b300") for att in ("dp", "tp")]
 
 
