@@ -8,9 +8,9 @@ the figures (before / after) and the JSON keeps every label it has seen.
 Usage: python bench/step_speed.py [--tree DIR] [--label after] [--out bench/results/step_speed.json]
        [--only hisparse:dp:h200:0,...,configs/x.yaml] [--base DIR --reps N]
 
-`--base DIR` runs an A/B on a shared, noisy machine: for each replay, N rounds of (base tree, then --tree), back to
-back, so both see the same load; the label keeps every round, the medians and the least figures (`ab`), with
-both trees' metrics (they must be equal for a speed-only change).
+`--base DIR` runs an A/B on a shared, noisy machine: for each replay, N rounds of the base tree and --tree, back to
+back (alternating which goes first), so both see the same load; the label keeps every round, the medians and the
+least figures (`ab`), with both trees' metrics (they must be equal for a speed-only change).
 """
 from __future__ import annotations
 
@@ -104,8 +104,10 @@ def _ab(args, base: Path, tree: Path) -> int:
     rows = {}
     for run in args.only.split(","):
         rounds = []
-        for _ in range(args.reps):
-            pair = {"base": run_one(run, base, limit), "tree": run_one(run, tree, limit)}
+        for k in range(args.reps):  # base first in even rounds, tree first in odd ones (a load drift cancels)
+            first, second = ("base", "tree") if k % 2 == 0 else ("tree", "base")
+            pair = {first: run_one(run, base if first == "base" else tree, limit)}
+            pair[second] = run_one(run, base if second == "base" else tree, limit)
             print(f"{run:24s} base {pair['base']['cpu_s']:7.2f} CPU-s  tree {pair['tree']['cpu_s']:7.2f} CPU-s  "
                   f"load {pair['base']['load_before'][0]:.1f}", flush=True)
             rounds.append(pair)
