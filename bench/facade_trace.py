@@ -137,15 +137,13 @@ def _replay_once(logs: dict, keys: list) -> tuple[float, int, str]:
 
 def ab(before: str, after: str, out: str, traces: list[str], largest: int | None, repeats: int) -> dict:
     """Replay each trace with the `before` and the `after` commit's library alternately (load drifts alike on both)."""
-    import datetime
     import os
-    import platform
     import subprocess
     import tempfile
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hisparse_ab import export
+    from hisparse_ab import export, write_result
     runs = []
     with tempfile.TemporaryDirectory(prefix="facade_ab_") as tmp:
         trees = {"before": Path(tmp) / "before", "after": Path(tmp) / "after"}
@@ -169,14 +167,7 @@ def ab(before: str, after: str, out: str, traces: list[str], largest: int | None
         s = {f"{t}_cpu_s_min": min(r["cpu_s_min"] for r in rows if r["tree"] == t) for t in trees}
         s["digests_identical"] = len({r["digest"] for r in rows}) == 1
         summary[trace] = s
-    result = {"bench": "facade_trace_ab", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-              "load_avg_end": os.getloadavg(), "before": commits["before"], "after": commits["after"],
-              "summary": summary, "runs": runs}
-    Path(out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
-    return result
+    return write_result("facade_trace_ab", out, commits, summary, runs)
 
 
 def main() -> int:

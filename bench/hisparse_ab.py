@@ -81,6 +81,13 @@ def run_ab(bench: str, before: str, after: str, cases: list[tuple[str, str]], re
             differ = sorted({k for m in ms for k in m if m.get(k) != ms[0].get(k)})
             if differ:
                 s["metrics_differ"] = differ
+    write_result(bench, out, commits, summary, runs)
+    return 0
+
+
+def write_result(bench: str, out: str, commits: dict, summary: dict, runs: list) -> dict:
+    """Write an A/B's JSON (date, command, machine, load at the end, both commits, summary, every run) and print the
+    summary: the one result layout of the A/B benches (this one, small_batch_ab, facade_trace ab)."""
     result = {"bench": bench, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
@@ -88,7 +95,7 @@ def run_ab(bench: str, before: str, after: str, cases: list[tuple[str, str]], re
               "summary": summary, "runs": runs}
     Path(out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
-    return 0
+    return result
 
 
 def main() -> int:
