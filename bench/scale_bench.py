@@ -12,7 +12,9 @@ Each figure is written next to the one it replaces (`replaces`, from the issue /
 
 Usage: python bench/scale_bench.py [--only pinned,batch1,paper,paper-full] [--out bench/results/scale.json]
 Writes JSON (date, command, machine, load before/after each replay); sections not run keep their earlier results, and
-a run that is repeated keeps its previous figures under `before`.
+a run that is repeated keeps its previous figures under `before`. The shared VM's speed drifts by up to ~1.5x between
+hours, so the run also times a fixed reference workload (`machine_speed`) before and after: figures of two runs compare
+only as far as their reference times agree.
 """
 from __future__ import annotations
 
@@ -134,6 +136,34 @@ def section_runs(section: str) -> list[tuple[str, object, list[str], float, floa
     return runs
 
 
+# A fixed workload of the kinds the replays are made of (sorts, random gathers from a table larger than the caches,
+# an interpreted loop); it runs in a fresh interpreter and only its own work is timed (process CPU, imports excluded).
+SPEED_PROBE = """
+import time, numpy as np
+t = time.process_time()
+rng = np.random.default_rng(0)
+a = rng.integers(0, 1 << 40, 2_000_000)
+for _ in range(5):
+    np.sort(a)
+table = np.arange(16 << 20, dtype=np.int32)
+ix = rng.integers(0, table.size, 2_000_000)
+for _ in range(20):
+    table.take(ix)
+n = 0
+for i in range(3_000_000):
+    n += i & 7
+print(time.process_time() - t)
+"""
+
+
+def machine_speed(repeats: int = 3) -> float:
+    """Least CPU seconds of `repeats` runs of SPEED_PROBE on this machine now (lower is faster; single runs vary by
+    up to ~1.5x on the shared VM)."""
+    runs = [subprocess.run([sys.executable, "-c", SPEED_PROBE], capture_output=True, text=True, check=True)
+            for _ in range(repeats)]
+    return round(min(float(r.stdout.split()[-1]) for r in runs), 3)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="pinned,batch1,paper,paper-full")
@@ -144,6 +174,9 @@ def main() -> int:
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {"bench": "scale", "sections": {}}
     prev_date = result.get("date")
+    result.pop("note", None)  # a note written by hand about the previous run
+    speed = {"what": "least CPU-s of 3 runs of bench/scale_bench.py's SPEED_PROBE (a fixed workload; lower = faster machine)",
+             "before_s": machine_speed()}
     result.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -174,7 +207,10 @@ def main() -> int:
             "max_peak_rss_gb": max((r["peak_rss_gb"] or 0) for r in {**prev, **rows}.values()),
         }
         out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+        atomic_write_text(out, json.dumps({**result, "machine_speed": speed}, indent=2) + "\n")
+    speed["after_s"] = machine_speed()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({**result, "machine_speed": speed}, indent=2) + "\n")
     return 0
 
 
