@@ -28,7 +28,6 @@ from .lru_log import StampLog
 from .plan import Plan
 from .pools import Pool, merge_by_rank
 
-
 FILL_MIN_MISSES_PER_ADDRESS = 1  # a batch's rows are written back whole (`fill`) from this many misses per address
 
 

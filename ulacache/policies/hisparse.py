@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..address_space import AddressSpace
-from ..errors import CapacityError, require
+from ..errors import CapacityError
 from ..plan import Plan
 from ..pools import CpuPools, IdStack, RankRows, id_dtype, pad64
 from .hisparse_checks import check_hisparse

@@ -22,7 +22,6 @@ from ..bitmaps import BucketBitmaps
 from ..errors import require
 from .exclusive import ExclusivePolicy
 
-
 _NO_SLOTS = np.zeros(0, dtype=np.int64)  # the replacement slots of a batch without misses (shared, read-only)
 _NO_SLOTS.setflags(write=False)
 
