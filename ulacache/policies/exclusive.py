@@ -21,8 +21,10 @@ from ..pools import CpuPools, Pool, merge_by_rank
 # us per call: TP 24 requests x 1 token 220 vs 468, 64 x 3 670 vs 980, 128 x 2 997 vs 898; DP 24 x 3 505 vs 882,
 # 64 x 3 1182 vs 1217, 128 x 2 1616 vs 1877. So a decode step of up to ~128 requests takes it (was 16).
 FEW_TOKENS = 128
-_EMPTY = np.zeros(0, dtype=np.int64)  # the empty miss arrays of a warm batch's plan, shared and read-only
-_EMPTY.setflags(write=False)
+# The empty index arrays of a batch without misses (a warm batch's miss arrays and plan, pb-lru's replacement slots):
+# one shared, read-only array.
+NO_INDICES = np.zeros(0, dtype=np.int64)
+NO_INDICES.setflags(write=False)
 
 
 def interleave(quota: np.ndarray) -> np.ndarray:
@@ -285,7 +287,7 @@ class ExclusivePolicy:
         # refused unallocated addresses): one reduction instead of a hit mask and its scan; no miss arrays to build.
         if not places.size or int(places.max()) < gpu.num_places:
             hit_places = places.astype(np.int64)
-            miss_addrs, miss_src = _EMPTY, _EMPTY
+            miss_addrs, miss_src = NO_INDICES, NO_INDICES
         else:
             hit = be.to_numpy(be.hit_mask(be.asarray(places), gpu.num_places))
             # flatnonzero + take: measured ~5x faster than boolean-mask indexing on ~1M elements.
@@ -319,7 +321,7 @@ class ExclusivePolicy:
             plan.num_hits, plan.num_misses, plan.num_exchanges = int(n_hit), 0, 0
             plan.h2d_rows_per_rank = m_counts
             plan.d2h_rows_per_rank = self.pending_d2h.copy()
-            plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, _EMPTY, gpu.own[dest_gidx], hit_gidx,
+            plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, NO_INDICES, gpu.own[dest_gidx], hit_gidx,
                                               self._touched_hits(hit_gidx), dest_gidx)
             return
         victims = gpu.own[dest_gidx]

@@ -20,10 +20,7 @@ import numpy as np
 
 from ..bitmaps import BucketBitmaps
 from ..errors import require
-from .exclusive import ExclusivePolicy
-
-_NO_SLOTS = np.zeros(0, dtype=np.int64)  # the replacement slots of a batch without misses (shared, read-only)
-_NO_SLOTS.setflags(write=False)
+from .exclusive import NO_INDICES, ExclusivePolicy
 
 
 def epoch_volume(num_ranks: int, gpu_slots: int, num_recent: int) -> int:
@@ -67,7 +64,7 @@ class PbLruPolicy(ExclusivePolicy):
         self.inserted += n_miss
         self.moved_hits = buckets.refresh(be, hit_gidx, self.gpu.stamp)  # recency update: hits join the current bucket
         if not n_miss:  # a warm batch: no replacement slots
-            return _NO_SLOTS
+            return NO_INDICES
         parts, founds = [], []
         remaining = m_counts
         if remaining.any():
