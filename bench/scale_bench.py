@@ -177,6 +177,11 @@ def main() -> int:
     result.pop("note", None)  # a note written by hand about the previous run
     speed = {"what": "least CPU-s of 3 runs of bench/scale_bench.py's SPEED_PROBE (a fixed workload; lower = faster machine)",
              "before_s": machine_speed()}
+
+    def save() -> None:  # after each section (a killed run keeps the finished ones) and once the probe ran again
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps({**result, "machine_speed": speed}, indent=2) + "\n")
+
     result.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -206,11 +211,9 @@ def main() -> int:
             "max_wall_s": max(r["wall_s"] for r in {**prev, **rows}.values()),
             "max_peak_rss_gb": max((r["peak_rss_gb"] or 0) for r in {**prev, **rows}.values()),
         }
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, json.dumps({**result, "machine_speed": speed}, indent=2) + "\n")
+        save()
     speed["after_s"] = machine_speed()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps({**result, "machine_speed": speed}, indent=2) + "\n")
+    save()
     return 0
 
 
