@@ -6,7 +6,8 @@ metric that does not measure the host is identical.
 Usage: python bench/growth_bench.py --before-tree DIR [--after-tree DIR] [--configs hisparse:dp ulacache:dp]
                                     [--as-limit-gb 8] [--out bench/results/growth.json]
 Each tree is a checkout of this repository (imported through PYTHONPATH), run in a fresh interpreter under an
-address-space cap (8 GB by default: the estimate refuses ulacache DP under 6 GB on main, see sim/footprint.py).
+address-space cap (8 GB by default: above every pinned-keys estimate of sim/footprint.py, which refuses a replay
+whose estimate exceeds the memory it may use).
 """
 from __future__ import annotations
 
