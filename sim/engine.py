@@ -391,11 +391,13 @@ class Engine:
         shared = shared if shared is not None else self._shared_work(b)
         keys = shared["keys"][r]
         qtok = b.n_rank[r] * q
+        # Python floats (the same values as the numpy scalars the cost model may return): the timer's and simpy's
+        # clock arithmetic on them is the same IEEE operations, several times cheaper than numpy scalar arithmetic
         return dict(
-            indexer_s=(costs.indexer_s(keys, keys * q) if keys else 0.0) if b.n_rank[r] or sysm.tp else 0.0,
-            allgather_s=shared["allgather_s"],
-            attention_s=costs.attention_s(qtok, b.ref_rank[r], shared["heads"]) if qtok else 0.0,
-            ffn_s=shared["ffn_s"], collective_s=shared["collective_s"],
+            indexer_s=float((costs.indexer_s(keys, keys * q) if keys else 0.0) if b.n_rank[r] or sysm.tp else 0.0),
+            allgather_s=float(shared["allgather_s"]),
+            attention_s=float(costs.attention_s(qtok, b.ref_rank[r], shared["heads"]) if qtok else 0.0),
+            ffn_s=float(shared["ffn_s"]), collective_s=float(shared["collective_s"]),
             prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
 
     def _passes(self, b: Batch, r: int, rt: dict | None, rows, common: dict, shared: dict) -> list[tuple[dict, dict]]:
@@ -443,10 +445,10 @@ class Engine:
         sysm, costs = self.system, self.costs
         mgmt = sysm.management_s(costs, ref_rank, unique, misses, n_rank)
         chained = min(peer, home_h2d - h2d) if sysm.tp else 0.0  # peer rows promoted at their home first
-        return dict(mgmt_s=mgmt, h2d_bytes=sysm.h2d_link_bytes(costs, h2d, row_bytes, n_rank),
-                    d2h_bytes=costs.d2h_link_bytes(d2h, row_bytes),
-                    peer_bytes=costs.peer_link_bytes(peer - chained, row_bytes),
-                    peer_after_h2d_bytes=costs.peer_link_bytes(chained, row_bytes))
+        return dict(mgmt_s=float(mgmt), h2d_bytes=float(sysm.h2d_link_bytes(costs, h2d, row_bytes, n_rank)),
+                    d2h_bytes=float(costs.d2h_link_bytes(d2h, row_bytes)),
+                    peer_bytes=float(costs.peer_link_bytes(peer - chained, row_bytes)),
+                    peer_after_h2d_bytes=float(costs.peer_link_bytes(chained, row_bytes)))  # (floats: see _compute)
 
     def _epilogue(self, b: Batch, sim_ranks: list[int]) -> dict:
         """Speculative draft passes (one MTP layer per draft token, one token per request) + step overhead."""
@@ -457,7 +459,7 @@ class Engine:
             qn = b.n_rank[sim_ranks].max()
             one = (costs.attention_s(qn, qn * m.top_k, heads) + costs.ffn_s(b.n_total, n_gpu, not tp)
                    + costs.layer_collectives_s(b.n_total / n_gpu, n_gpu, tp))
-            epilogue["draft_s"] = (q - 1) * costs["draft_layer_equiv"] * one
+            epilogue["draft_s"] = float((q - 1) * costs["draft_layer_equiv"] * one)  # (a float: see _compute)
         return epilogue | self.prefill.step(b, sim_ranks)  # chunked prefill: the prompt piece the step carries
 
     def _advance(self, run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,9 +12,8 @@ barrier over the ranks (the layer's EP all-to-all / TP all-reduce synchronise th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-import numpy as np
 import simpy
 
 from sim.hardware import Barrier, Node, skip_events
@@ -82,6 +81,18 @@ class GroupWork:
     d2h_blocking: bool
     peer_after_h2d_bytes: float = 0.0  # peer fetches of rows promoted this step: start once the promotions are done
 
+    def __hash__(self) -> int:
+        """The fields' hash (as the dataclass would make it), computed once per object: the timer hashes a group's
+        works on every rank, and ranks share objects."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in _FIELDS))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+
+_FIELDS = tuple(f.name for f in fields(GroupWork))
+
 
 @dataclass(frozen=True)
 class GroupOrder:
@@ -140,8 +151,9 @@ class StepTimer:
         totals = dict.fromkeys(PARTS, 0.0)
         elapsed = 0.0
         tracing = self.recorder is not None and self.recorder.enabled
+        zero = [0.0] * len(PARTS)
         for g in heads:
-            parts = np.zeros((len(ranks), len(PARTS)))
+            parts = [zero[:] for _ in ranks]  # per simulated rank, its parts (Python floats: cheap scalar arithmetic)
             t0 = env.now
             ws = cols[item_of[g]]
             last, sim_idx, computed = (None, range(len(ranks)), []) if tracing else self._quiet(ws, ranks, parts)
@@ -153,8 +165,9 @@ class StepTimer:
             elif last[0] > t0:
                 env.run(until=last[0])
             crit = ranks.index(last[1])  # the group's time is its last-arriving rank's
-            for k, name in enumerate(PARTS):
-                totals[name] += parts[crit, k] * mult[g]
+            m = mult[g]
+            for name, value in zip(PARTS, parts[crit]):
+                totals[name] += value * m
             elapsed += (env.now - t0) * mult[g]
         tail = sum(epilogue.values())
         if tail > 0:
@@ -172,7 +185,7 @@ class StepTimer:
         return elapsed + tail, totals
 
     @staticmethod
-    def _quiet_arrival(w: GroupWork, t0: float, row: np.ndarray) -> float | None:
+    def _quiet_arrival(w: GroupWork, t0: float, row: list) -> float | None:
         """When rank work `w` moves no bytes, its barrier arrival as `_rank` steps the clock from t0 (the same float
         operations: it is only timeouts), with its parts written to `row`; None when it has transfers."""
         if w.h2d_bytes > 0 or w.peer_bytes > 0 or w.peer_after_h2d_bytes > 0 or w.d2h_bytes > 0:
@@ -190,7 +203,7 @@ class StepTimer:
         row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
         return now
 
-    def _quiet(self, ws: list[GroupWork], ranks: list[int], parts: np.ndarray):
+    def _quiet(self, ws: list[GroupWork], ranks: list[int], parts: list[list[float]]):
         """Which ranks of a group need simpy. Ranks without transfers are only timeouts and interact with nothing
         but the barrier: their arrivals are computed (`_quiet_arrival`), and only the last of them is simulated
         (it may be the group's last arrival, and simpy must reach that moment exactly) -- unless every busy rank
@@ -208,7 +221,7 @@ class StepTimer:
             else:
                 at = prev[0]
                 if at is not None:
-                    parts[i] = parts[prev[1]]
+                    parts[i][:] = parts[prev[1]]
             if at is None:
                 busy.append(i)
             else:
@@ -247,7 +260,7 @@ class StepTimer:
         after.callbacks.append(go)
         return done
 
-    def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: np.ndarray):
+    def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: list[list[float]]):
         """Rank r's part of group g. Per-transfer latency is paid once after the gating transfers (it is not link
         occupancy); concurrent transfers on one link share its bandwidth (processor sharing)."""
         env, node, rec = self.env, self.node, self.recorder
