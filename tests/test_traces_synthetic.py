@@ -143,3 +143,26 @@ def test_one_row_history_cache_matches_the_batch_path():
                 assert np.array_equal(x[0], y[0])
         hist += int(rng.integers(1, 40)) if i % 50 else -int(rng.integers(0, 3000))
         step += 1
+
+
+def test_selections_are_pinned():
+    """The generator's output bits are frozen (main 91dc8bd): speed work must not move a single position. Covers
+    select and select_groups, 1-40 rows of several strata domains, 1-4 query tokens, early and deep groups, and
+    one request followed step by step (history terms kept across steps, cut strata, drift epochs, parity)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    src = SyntheticSelections(SelectionSpec(num_groups=21), seed=5, num_threads=1)
+    rng = np.random.default_rng(2)
+    for n, q in ((1, 1), (3, 4), (24, 1), (40, 2)):
+        rid = rng.integers(0, 10**9, n)
+        hist = rng.integers(2049, 140_000, n)
+        for step in range(0, 600, 37):
+            for x in src.select_groups(rid, hist + step, np.full(n, step), [0, 1, 5, 12, 20], q):
+                h.update(x.tobytes())
+            h.update(src.select(rid, hist + step, np.full(n, step), 7, q).tobytes())
+    one = np.array([11])
+    for i in range(400):
+        for x in src.select_groups(one, np.array([70_000 + 3 * i]), np.array([i]), [0, 1, 9], 1 + i % 2):
+            h.update(x.tobytes())
+    assert h.hexdigest() == "179bd8de41137a936e0b6a50fd9b21eb1e3624f0"

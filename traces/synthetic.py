@@ -39,6 +39,9 @@ MODEL_GROUPS = {"glm-5.2": 21, "glm-5": 78, "deepseek-v3.2": 61}
 MAX_HISTORY_TOKENS = 1 << 26  # strata stay < 2**16 positions long (16-bit draws)
 _CHUNK_ELEMS = 1 << 19  # per-element work is done in row chunks of about this many outputs (cache-sized)
 _ROW_CACHE_ELEMS = 1 << 22  # per-(request, stratum) keys kept for the next steps (16 MiB)
+_ROW_TERMS_ROWS = 32  # batches of up to this many rows keep their history-length terms per row (`_row_terms`)
+_HIST_CACHE_ELEMS = 1 << 22  # elements of those terms kept (16 MiB)
+_TS_MIX32 = np.uint32((0x846CA68B * int(MIX32)) & 0xFFFFFFFF)  # the step key's multiplier times MIX32
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,9 @@ class SyntheticSelections:
         self._plans: dict[int, GroupPlan] = {}
         self._tables_cache: dict[tuple[tuple[int, ...], int], dict[str, np.ndarray]] = {}
         self._row_cache: dict[tuple[tuple[int, ...], bytes], np.ndarray] = {}  # (groups, request ids) -> `_row_keys`
-        self._hist_cache: dict[tuple[tuple[int, ...], int], tuple] = {}  # (groups, domain) -> `_hist_interval`
+        self._hist_cache: dict[tuple[tuple[int, ...], int, int], tuple] = {}  # (groups, domain, request) -> `_hist_interval`
         self._row_cache_elems = 0
+        self._hist_cache_elems = 0
         self._threads = max(1, int(num_threads if num_threads is not None else min(2, os.cpu_count() or 1)))
         self._pool: ThreadPoolExecutor | None = None
 
@@ -290,24 +294,34 @@ class SyntheticSelections:
         groups that share their strata geometry computed together (a step's simulated groups at small batches)."""
         rid, hist, step, q = _check_select_args(request_ids, history_lens, steps, num_query_tokens)
         plans = [self.plan(g) for g in groups]
-        k = self.top_k
-        if not rid.size or int(hist.max()) > MAX_HISTORY_TOKENS or int(hist.min()) <= k:
+        k, r = self.top_k, rid.size
+        few = r <= _ROW_TERMS_ROWS  # a few rows: Python integers, and they may differ in domain (`_row_terms`)
+        hl = hist.tolist() if few else None
+        if not r or r * q * k > _CHUNK_ELEMS or (max(hl) if few else int(hist.max())) > MAX_HISTORY_TOKENS \
+                or (min(hl) if few else int(hist.min())) <= k:
             return [self.select(rid, hist, step, g, q) for g in groups]
         alike: dict[tuple, list[int]] = {}
         for n, p in enumerate(plans):
             alike.setdefault((p.num_sink, p.num_recent, p.early), []).append(n)
         out: list = [None] * len(plans)
-        per = max(1, _CHUNK_ELEMS // (rid.size * q * k))  # groups computed together (cache-sized)
+        per = max(1, _CHUNK_ELEMS // (r * q * k))  # groups computed together (cache-sized)
         for ns in alike.values():
             p0 = plans[ns[0]]
-            dom = _domains(hist - p0.num_sink - p0.num_recent, p0.num_strata)
-            if rid.size * q * k > _CHUNK_ELEMS or dom.min() != dom.max() or dom[0] < 2 * p0.num_strata:
-                for n in ns:  # large, several domains, or dense rows: one group at a time
+            kp, mid = p0.num_strata, p0.num_sink + p0.num_recent
+            if few:
+                dom = [_domain(h - mid, kp) for h in hl]
+                lo_dom, hi_dom = min(dom), max(dom)
+            else:
+                dom = _domains(hist - mid, kp)
+                lo_dom, hi_dom = int(dom.min()), int(dom.max())
+                dom = lo_dom
+            if lo_dom < 2 * kp or (not few and lo_dom != hi_dom):
+                for n in ns:  # several domains in a large batch, or dense rows: one group at a time
                     out[n] = self.select(rid, hist, step, groups[n], q)
                 continue
             for a in range(0, len(ns), per):
                 part = ns[a:a + per]
-                arr = self._select_main(tuple(plans[n] for n in part), rid, hist, step, q, int(dom[0]), None)
+                arr = self._select_main(tuple(plans[n] for n in part), rid, hist, step, q, dom, None)
                 for j, n in enumerate(part):
                     out[n] = arr[j]
         return out
@@ -317,9 +331,13 @@ class SyntheticSelections:
         """Split the stratified rows (`main`, strata domain `dom` each) into single-domain, cache-sized chunks and
         run them (threads if > 1)."""
         rows_per_chunk = max(1, _CHUNK_ELEMS // (q * self.top_k))
-        if main.size == rid.size and main.size <= rows_per_chunk and dom.min() == dom.max():
-            self._select_main((plan,), rid, hist, step, q, int(dom[0]), out[None])  # small batch: no chunking
-            return
+        if main.size == rid.size and main.size <= rows_per_chunk:  # small batch: no chunking
+            if main.size <= _ROW_TERMS_ROWS:
+                self._select_main((plan,), rid, hist, step, q, dom, out[None])
+                return
+            if dom.min() == dom.max():
+                self._select_main((plan,), rid, hist, step, q, int(dom[0]), out[None])
+                return
         order = np.argsort(dom, kind="stable")
         main, dom = main[order], dom[order]
         cut = np.flatnonzero(np.diff(dom)) + 1
@@ -417,11 +435,12 @@ class SyntheticSelections:
             self._row_cache[key] = t
         return t
 
-    def _select_main(self, plans: tuple[GroupPlan, ...], rid, hist, step, q: int, dom: int,
+    def _select_main(self, plans: tuple[GroupPlan, ...], rid, hist, step, q: int, dom,
                      out: np.ndarray | None) -> np.ndarray:
-        """The stratified path for rows of one domain size, int64[G, R, q, top_k] for groups sharing k' and
-        earliness, every kind of stratum at once (see `_tables`). Hashes are odd-constant multiplies whose top bits
-        are used (inputs are already mixed keys); every draw takes 16 top bits."""
+        """The stratified path, int64[G, R, q, top_k] for groups sharing k' and earliness, every kind of stratum
+        at once (see `_tables`). `dom`: the rows' strata domain, one int, or one per row for batches of at most
+        `_ROW_TERMS_ROWS` rows (their history terms come per row from `_row_terms`). Hashes are odd-constant
+        multiplies whose top bits are used (inputs are already mixed keys); every draw takes 16 top bits."""
         sp = self.spec
         plan = plans[0]
         r, k = rid.size, sp.top_k
@@ -430,82 +449,107 @@ class SyntheticSelections:
         if out is None:
             out = np.empty((len(plans), r, q, k), dtype=np.int64)
         if s:
-            out[..., :s] = np.arange(s, dtype=np.int64)
+            out[..., :s] = _arange(s)
         if w:
             out[..., k - w:] = (hist[:, None] + _recent_offsets(w))[None, :, None, :]
-        tb = self._tables(plans, dom)
-        hcol = (hist - s - w).astype(np.int32)[None, :, None]
-        t = self._row_keys(plans, rid)
         step32 = step.astype(np.uint32)
-        scol = step32[None, :, None]
+        if r <= _ROW_TERMS_ROWS:
+            tb, lo, mult = self._row_terms(plans, rid, hist, step, dom)
+        else:
+            tb = self._tables(plans, int(dom))
+            lo, mult = _batch_terms(tb, (hist - s - w).astype(np.int32)[None, :, None], step32[None, :, None],
+                                    plan.early)
+        t = self._row_keys(plans, rid)
         u16 = np.uint32(16)
-        lo, ln, mult = self._hist_terms(plans, dom, tb, hcol)  # per column: base position, fresh length, multiplier
-        with np.errstate(over="ignore"):
-            # stable and recurring strata: the candidate window's offset in this drift epoch (0 for fresh ones)
-            ck = scol + tb["phase"]
+        # stable and recurring strata (each group's first columns): the candidate window's offset in this drift
+        # epoch, added to the base position (fresh strata have none: their columns' offset would be 0)
+        c = max(p.stable.index.size + p.recurring.index.size for p in plans)
+        if c:
+            ck = step32[None, :, None] + tb["phase"][..., :c]
             ck >>= np.uint32(int(sp.drift_steps).bit_length() - 1)
             ck *= np.uint32(0xC2B2AE35)
-            ck ^= t
+            ck ^= t[..., :c]
             ck *= np.uint32(0x9E3779B1)
             ck >>= u16
-            ck *= tb["ck_mult"]
+            ck *= tb["ck_mult"][..., :c]
             ck >>= u16
-            lo = lo + ck.view(np.int32)  # (a new array: `lo` may be `_hist_terms`' cached one)
-            if plan.early:  # fresh picks alternate position parity from step to step
-                par = (tb["par"] ^ (scol & np.uint32(1))) * (ln > 1)
-                par &= tb["fresh"]
-                lo += par.view(np.int32)
-                ln -= par.view(np.int32)
-                ln += 1
-                ln >>= 1
-            if mult is None or plan.early:  # (early strata: ln moved with the step's parity above)
-                mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])
-            ts = t ^ _step_keys(step32)[None, :, None]
-            ts *= np.uint32(0x846CA68B)
-            if q > 1:  # query tokens > 0 redraw where the top bits reach spec_share (query 0 never reads this)
-                thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
-                diverge = thr1 - (ts >> u16)
-                diverge >>= np.uint32(31)
-            qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
-            d = np.empty(ts.shape, np.uint32)
-            for qi in range(q):
-                if qi == 0:
-                    np.multiply(ts, MIX32, out=d)
-                else:
-                    np.multiply(diverge, qkeys[qi], out=d)
-                    d ^= ts
-                    d *= MIX32
-                d >>= tb["sh1"]
-                d *= mult
-                d >>= tb["sh2"]
-                if plan.early:
-                    d &= tb["mask"]
-                np.add(d.view(np.int32), lo, out=out[:, :, qi, s:s + kp], casting="unsafe")
+            lo[..., :c] += ck.view(np.int32)
+        ts = t ^ _step_keys(step32)[None, :, None]
+        if q == 1:  # query 0's draw: the two multiplies of ts and of d as one (the same bits mod 2**32)
+            ts *= _TS_MIX32
+            _draw(ts, tb, mult, plan.early)
+            np.add(ts.view(np.int32), lo, out=out[:, :, 0, s:s + kp], casting="unsafe")
+            return out
+        ts *= np.uint32(0x846CA68B)
+        # query tokens > 0 redraw where the top bits reach spec_share (query 0 never reads this)
+        thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
+        diverge = thr1 - (ts >> u16)
+        diverge >>= np.uint32(31)
+        qkeys = _QKEYS[:q] if q <= _QKEYS.size else _qkeys(q)
+        d = np.empty(ts.shape, np.uint32)
+        for qi in range(q):
+            if qi == 0:
+                np.multiply(ts, MIX32, out=d)
+            else:
+                np.multiply(diverge, qkeys[qi], out=d)
+                d ^= ts
+                d *= MIX32
+            _draw(d, tb, mult, plan.early)
+            np.add(d.view(np.int32), lo, out=out[:, :, qi, s:s + kp], casting="unsafe")
         return out
 
-    def _hist_terms(self, plans: tuple[GroupPlan, ...], dom: int, tb: dict, hcol: np.ndarray):
-        """(lo, ln, mult) of `_select_main`: the parts that depend on the history length alone (`_hist_terms_of`;
-        mult = the draw's multiplier from ln, None when not kept). For one row they are kept per (groups, domain)
-        with the interval of history lengths over which none of the comparisons behind them changes
-        (`_hist_interval`), so most decode steps copy them instead of recomputing them (~50 us of ~150 at batch
-        size 1). `lo` and `mult` are read-only to the caller; `ln` is its own."""
-        if hcol.size != 1:
-            return (*_hist_terms_of(tb, hcol), None)
-        h = int(hcol.reshape(-1)[0])
-        key = (tuple(p.group for p in plans), dom)
-        c = self._hist_cache.get(key)
-        if c is None or not c[0] <= h < c[1]:
-            if len(self._hist_cache) > 256:
-                self._hist_cache.clear()
-            c = self._hist_cache[key] = _hist_interval(tb, h)
-        _, _, lo, ln, cut, cut_start, mult, cut_fresh = c
-        ln = ln.copy()
-        if cut.size:  # the strata cut at the end of the history: their length follows it
-            ln.reshape(-1)[cut] = np.int32(h) - cut_start
-            if cut_fresh.size:  # ... and so does their multiplier where fresh
-                mult = mult.copy()
-                mult.reshape(-1)[cut_fresh] = ln.reshape(-1)[cut_fresh].view(np.uint32)
-        return lo, ln, mult
+    def _row_terms(self, plans: tuple[GroupPlan, ...], rid, hist, step, dom) -> tuple[dict, np.ndarray, np.ndarray]:
+        """(tables, lo, mult) of `_select_main` for a few rows: lo (int32[G, R, k'], the caller's own), the draw's
+        base position before the epoch's offset, and mult (uint32, read-only), the draw's multiplier, both after
+        the step's parity in early groups. They depend on the history length only through comparisons that hold
+        over intervals (`_hist_interval`), so they are kept per (groups, domain, request) for the interval and
+        copied, only the strata cut at the end of the history redone; most decode steps compute none of them.
+        Rows of several domains get their tables' domain-dependent columns per row."""
+        plan = plans[0]
+        gkey = tuple(p.group for p in plans)
+        early = plan.early
+        mid = plan.num_sink + plan.num_recent
+        cache = self._hist_cache
+        doms = dom if isinstance(dom, list) else dom.tolist() if isinstance(dom, np.ndarray) else [int(dom)] * rid.size
+        tbs: dict[int, dict] = {}
+        los, mults, fixes = [], [], []
+        for i, (rq, h, st, d) in enumerate(zip(rid.tolist(), hist.tolist(), step.tolist(), doms)):
+            tb = tbs.get(d)
+            if tb is None:
+                tb = tbs[d] = self._tables(plans, d)
+            hm = h - mid
+            key = (gkey, d, rq)
+            e = cache.get(key)
+            if e is None or not e[0] <= hm < e[1]:
+                e = _hist_interval(tb, hm, early)
+                self._hist_cache_elems += e[5]
+                if self._hist_cache_elems > _HIST_CACHE_ELEMS:
+                    cache.clear()
+                    self._hist_cache_elems = e[5]
+                cache[key] = e
+            p = st & 1 if early else 0
+            los.append(e[2][p])
+            mults.append(e[3][p])
+            if e[4]:
+                fixes.append((i, hm, p, e[4]))
+        if len(los) == 1:
+            lo, mult = los[0].copy(), (mults[0].copy() if fixes else mults[0])
+        else:
+            lo, mult = np.concatenate(los, axis=1), np.concatenate(mults, axis=1)
+        for i, hm, p, cuts in fixes:  # strata cut at the end of the history: their length follows it
+            for g, col, start, lo0, par0, fresh in cuts:
+                ln = hm - start
+                if early:  # fresh picks alternate position parity (as in `_batch_terms`)
+                    par = (par0 ^ p) if fresh and ln > 1 else 0
+                    lo[g, i, col] = lo0 + par
+                    ln = (ln - par + 1) >> 1
+                if fresh:
+                    mult[g, i, col] = ln
+        if len(tbs) > 1:  # several domains: the per-step columns that depend on the domain, per row
+            tb = dict(tb)
+            for name in ("ck_mult", "sh1"):
+                tb[name] = np.concatenate([tbs[d][name] for d in doms], axis=1)
+        return tb, lo, mult
 
     def _select_dense(self, plan: GroupPlan, rid, hist, step, q: int) -> np.ndarray:
         """Histories of top_k..~2 top_k: score every position with a hash (sink and recent forced in), take top-k.
@@ -539,6 +583,32 @@ class SyntheticSelections:
                 for g in range(self.num_groups) for p in [self.plan(g)]}
 
 
+def _batch_terms(tb: dict, hcol: np.ndarray, scol: np.ndarray, early: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, mult) of `_select_main` computed for a batch of rows (one domain) from their middle lengths `hcol`
+    and steps `scol`: `_hist_terms_of`, then in early groups the step's parity (fresh picks alternate position
+    parity from step to step: a stratum of length ln > 1 draws from its positions of one parity), then the
+    draw's multiplier: a fresh stratum's length, else the table's."""
+    lo, ln = _hist_terms_of(tb, hcol)
+    if early:
+        par = (tb["par"] ^ (scol & np.uint32(1))) * (ln > 1)
+        par &= tb["fresh"]
+        lo += par.view(np.int32)
+        ln -= par.view(np.int32)
+        ln += 1
+        ln >>= 1
+    return lo, np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])
+
+
+def _draw(d: np.ndarray, tb: dict, mult: np.ndarray, early: bool) -> None:
+    """A query's mixed bits `d` -> each stratum's offset from its base position, in place: ((d >> sh1) * mult)
+    >> sh2 (& mask)."""
+    d >>= tb["sh1"]
+    d *= mult
+    d >>= tb["sh2"]
+    if early:
+        d &= tb["mask"]
+
+
 def _hist_terms_of(tb: dict, hcol: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per column (int32, shape of `tb`'s rows x hcol's): lo, the draw's base position (a stratum whose window
     does not fit the history is folded onto its mirror); ln, a fresh stratum's length (folded, halved, cut at the
@@ -554,13 +624,14 @@ def _hist_terms_of(tb: dict, hcol: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, ln
 
 
-def _hist_interval(tb: dict, h: int) -> tuple:
-    """(a, b, lo, ln, cut, cut_start, mult, cut_fresh) for one row at middle length h: `_hist_terms_of` there (and
-    the non-early multiplier from it; `cut_fresh`: the cut columns that are fresh strata), and the lengths
-    [a, b) over which it stays the same except that the columns `cut` (flat indices; their starts `cut_start`) have
-    ln = length - start. Every comparison behind lo and ln is `length < threshold` (a fold: start_cw; a mirror's
-    half: mirror_cw; a cut: start + its uncut length, where not folded), so it holds between consecutive
-    thresholds."""
+def _hist_interval(tb: dict, h: int, early: bool) -> tuple:
+    """(a, b, lo, mult, cuts, size) for one row at middle length h: `_batch_terms` there for either parity of the
+    step (lo[p], mult[p]: read-only; the same arrays for both outside early groups) and the lengths [a, b) over
+    which they stay the same except in the strata cut at the end of the history, whose length is h - start:
+    `cuts`, one (group row, column, start, lo without parity, parity bit, fresh) per cut stratum (Python ints).
+    Every comparison behind lo and ln is `length < threshold` (a fold: start_cw; a mirror's half: mirror_cw; a
+    cut: start + its uncut length, where not folded), so it holds between consecutive thresholds. `size`: the
+    elements kept."""
     hcol = np.full((1, 1, 1), h, dtype=np.int32)
     lo, ln = _hist_terms_of(tb, hcol)
     invalid = tb["start_cw"] > hcol
@@ -574,10 +645,23 @@ def _hist_interval(tb: dict, h: int) -> tuple:
     below, above = thr[thr <= h], thr[thr > h]
     a = int(below.max()) if below.size else -(1 << 62)
     b = int(above.min()) if above.size else 1 << 62
-    mult = np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])  # as `_select_main` makes it (not early)
-    lo.setflags(write=False)
-    mult.setflags(write=False)
-    return a, b, lo, ln, cut, tb["start"].reshape(-1)[cut], mult, cut[tb["fresh"].reshape(-1)[cut]]
+    kp = lo.shape[-1]
+    cuts = [(c // kp, c % kp, s, l0, p0, f) for c, s, l0, p0, f in zip(
+        cut.tolist(), tb["start"].reshape(-1)[cut].tolist(), lo.reshape(-1)[cut].tolist(),
+        tb["par"].reshape(-1)[cut].tolist(), tb["fresh"].reshape(-1)[cut].tolist())]
+    if early:
+        los, mults = (list(x) for x in zip(*(_batch_terms(tb, hcol, np.uint32(p), True) for p in (0, 1))))
+    else:
+        los = [lo] * 2
+        mults = [np.where(tb["fresh"], ln.view(np.uint32), tb["mult"])] * 2
+    for x in los + mults:
+        x.setflags(write=False)
+    return a, b, los, mults, cuts, lo.size * (4 if early else 2)
+
+
+def _domain(hm: int, kp: int) -> int:
+    """`_domains` of one row (hm >= 1), in Python integers."""
+    return 1 << (((hm * (2 * kp)) // (kp + 4)).bit_length() - 1)
 
 
 def _domains(hm: np.ndarray, kp: int) -> np.ndarray:
@@ -612,6 +696,16 @@ def _mix32_int(x: int) -> int:
 
 
 _RECENT: dict[int, np.ndarray] = {}
+_ARANGE: dict[int, np.ndarray] = {}
+
+
+def _arange(n: int) -> np.ndarray:
+    """0 .. n-1 (int64, read-only, cached): the sink positions."""
+    a = _ARANGE.get(n)
+    if a is None:
+        a = _ARANGE[n] = np.arange(n, dtype=np.int64)
+        a.setflags(write=False)
+    return a
 
 
 def _recent_offsets(w: int) -> np.ndarray:
@@ -652,7 +746,8 @@ def _check_select_args(request_ids, history_lens, steps, num_query_tokens):
     if not (rid.size == hist.size == step.size):
         raise TraceError(f"select: request_ids, history_lens and steps differ in length "
                          f"({rid.size}, {hist.size}, {step.size})")
-    if hist.size and (hist.min() < 0 or step.min() < 0):
+    if hist.size and ((min(hist.tolist()) < 0 or min(step.tolist()) < 0) if hist.size <= 8
+                      else (hist.min() < 0 or step.min() < 0)):
         raise TraceError("select: history_lens and steps must be >= 0")
     if isinstance(num_query_tokens, bool) or not isinstance(num_query_tokens, (int, np.integer)) \
             or num_query_tokens < 1:
