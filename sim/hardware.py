@@ -350,6 +350,74 @@ class Fabric:
             self._replan()
         return done
 
+    def solo(self, batches: list) -> tuple[list[list[float]], int] | None:
+        """Flows started in `batches` [(time, sizes, routes)], in time order, each batch's flows together (one
+        `hold`/`release`, as a rank starts its transfers), on an idle fabric that nothing else touches until they
+        are all done: each flow's finish time (per batch) and the simpy events the run would schedule (one wake-up
+        per re-plan that leaves flows, one done event per flow), by the very float operations of `start`,
+        `_replan` and `_wake`, without simpy. A batch starting at the moment of a wake-up is ordered by event ids
+        the caller would have to know: None then, and when the fabric is busy. Changes nothing (an idle fabric's
+        state is not read by its next start)."""
+        if self._flows:
+            return None
+        flows = []  # [remaining, rate, size * 1e-9, batch, position]
+        sig = []
+        finish = [[0.0] * len(sizes) for _, sizes, _ in batches]
+        events = 0
+        last = wake = None
+        nxt = 0
+        while nxt < len(batches) or flows:
+            if nxt < len(batches) and (wake is None or batches[nxt][0] < wake):
+                now, sizes, routes = batches[nxt]  # `start` x len(sizes): advance (once: the clock stands), join
+                if last is not None and now - last > 0:
+                    dt = now - last
+                    for e in flows:
+                        e[0] -= e[1] * dt
+                last = now
+                for k, (size, route) in enumerate(zip(sizes, routes)):
+                    idx = self._route_idx.get(id(route))
+                    if idx is None:
+                        idx = self._register(route)
+                    size = float(size)
+                    flows.append([size, 0.0, size * 1e-9, nxt, k])
+                    sig.append(idx)
+                nxt += 1
+            elif nxt < len(batches) and batches[nxt][0] == wake:
+                return None
+            else:  # `_wake`
+                now = wake
+                dt = now - last
+                last = now
+                clock = max(1e-12, abs(now) * 1e-12)
+                done = []
+                for k, e in enumerate(flows):
+                    if dt > 0:
+                        e[0] = e[0] - e[1] * dt
+                    left = e[0]
+                    if left <= e[2] or left <= e[1] * clock:
+                        done.append(k)
+                for k in reversed(done):
+                    e = flows[k]
+                    finish[e[3]][e[4]] = now
+                    del flows[k], sig[k]
+                events += len(done)
+            wake = None
+            if flows:  # `_replan`
+                key = tuple(sig)
+                rates = self._memo.get(key)
+                if rates is None:
+                    rates = self._memo[key] = self._rates_of(key)
+                at = None
+                for e, r in zip(flows, rates):
+                    e[1] = r
+                    left = e[0]
+                    t = (left if left > 0.0 else 0.0) / r
+                    if at is None or t < at:
+                        at = t
+                events += 1
+                wake = now + at
+        return finish, events
+
     def _register(self, route: dict) -> int:
         idx = self._route_idx[id(route)] = len(self._route_of)
         self._route_of.append(route)
@@ -532,6 +600,21 @@ class Node:
         self.d2h = [mk("d2h", r, v["pcie_d2h_bw_bytes_s"], v["pcie_latency_s"]) for r in range(n)]
         self.nvlink = [Route(self.fabric, f"gpu{r} nvlink in", {f"nvl{r}": 1.0}, v["nvlink_bw_bytes_s"],
                              v["nvlink_latency_s"]) for r in range(n)]
+
+    def solo(self, batches: list) -> tuple[list[list[float]], int] | None:
+        """`Fabric.solo` of batches [(time, [(link, bytes)])] of transfers on this node's links (see there); None
+        without a node model or before `simulate` said which ranks are simulated (until then a link's first use may
+        rescale the host caps). Pure: `count` books the bytes once the caller uses the result."""
+        if self.fabric is None or not self._explicit:
+            return None
+        return self.fabric.solo([(t, [b for _, b in tr], [link.route for link, _ in tr]) for t, tr in batches])
+
+    @staticmethod
+    def count(batches: list) -> None:
+        """Book the transfers of `solo`'s batches as `transfer` would have."""
+        for _, transfers in batches:
+            for link, b in transfers:
+                link.bytes_total += b
 
     def simulate(self, ranks) -> None:
         """Tell the node which ranks are simulated in detail; each stands for num_gpus / len(ranks) GPUs, so the

@@ -158,10 +158,15 @@ class StepTimer:
             ws = cols[item_of[g]]
             last, sim_idx, computed = (None, range(len(ranks)), []) if tracing else self._quiet(ws, ranks, parts)
             if last is None:
-                barrier = Barrier(env, len(sim_idx))
-                procs = [env.process(self._rank(i, ranks[i], g, ws[i], barrier, parts)) for i in sim_idx]
-                env.run(until=all_of(env, procs))
-                last = max(barrier.arrivals + computed)
+                # the simulated ranks are computed where they can be (`_solo`), else they run on simpy
+                arrivals = None if tracing else self._solo(sim_idx, ranks, ws, parts)
+                if arrivals is not None:
+                    last = max(arrivals + computed)
+                else:
+                    barrier = Barrier(env, len(sim_idx))
+                    procs = [env.process(self._rank(i, ranks[i], g, ws[i], barrier, parts)) for i in sim_idx]
+                    env.run(until=all_of(env, procs))
+                    last = max(barrier.arrivals + computed)
             elif last[0] > t0:
                 env.run(until=last[0])
             crit = ranks.index(last[1])  # the group's time is its last-arriving rank's
@@ -238,6 +243,82 @@ class StepTimer:
             skip_events(self.env, _QUIET_EVENTS + (w.indexer_s + w.allgather_s + _mgmt(w) > 0))
             return None, busy, [(at, r) for at, r, i in quiet]
         return None, sorted(busy + [slowest[2]]), [(at, r) for at, r, i in quiet if i != slowest[2]]
+
+    def _solo(self, sim_idx, ranks: list[int], ws: list[GroupWork], parts: list[list[float]]) -> list | None:
+        """The simulated ranks of a group without simpy, when each starts its transfers at one instant (no prefetch
+        after the first layer, no chained fetch) on an idle node and every transfer ends before the group does:
+        `_rank`'s float operations, the fabric's by `Node.solo` (ranks only meet on the fabric and at the barrier);
+        the clock is moved to the last arrival and the events the processes would have scheduled are counted.
+        Returns the barrier arrivals [(time, rank)], or None (nothing changed) where this does not apply."""
+        node, t0 = self.node, self.env.now
+        batches, rows, ends = [], [], []
+        events = 2  # the barrier's release and the group's all_of
+        for i in sim_idx:
+            w, r = ws[i], ranks[i]
+            if (w.prefetch and w.layers > 1) or w.peer_after_h2d_bytes > 0:
+                return None
+            n = w.layers
+            mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n
+            pre = w.indexer_s + w.allgather_s + mgmt
+            now = t0 + pre if pre > 0 else t0
+            if pre > 0 and not now > t0:
+                return None  # a timeout below the clock's resolution: ordered after every process's start
+            layer_c = w.attention_s + w.ffn_s + w.collective_s
+            first = 1 if w.prefetch else n
+            transfers, gating, lat = [], [], 0.0
+            if w.h2d_bytes > 0:
+                gating.append(len(transfers))
+                transfers.append((node.h2d[r], w.h2d_bytes * first))
+                lat = max(lat, node.h2d[r].latency)
+            if w.peer_bytes > 0:
+                gating.append(len(transfers))
+                transfers.append((node.nvlink[r], w.peer_bytes * first))
+                lat = max(lat, node.nvlink[r].latency)
+            if w.d2h_bytes > 0:
+                if w.d2h_blocking:
+                    gating.append(len(transfers))
+                    lat = max(lat, node.d2h[r].latency)
+                transfers.append((node.d2h[r], w.d2h_bytes * first))
+            # its Initialize, the management timeout, an all_of over several gating transfers, its layers' timeout,
+            # its end
+            events += 3 + (pre > 0) + (len(gating) > 1)
+            rows.append((i, w, n, mgmt, layer_c, lat, gating, len(batches) if transfers else None, now))
+            if transfers:
+                batches.append((now, transfers))
+        if not batches:
+            return None
+        order = sorted(range(len(batches)), key=lambda b: batches[b][0])  # stable: equal times in process order
+        timed = node.solo([batches[b] for b in order])
+        if timed is None:
+            return None
+        finish = [None] * len(batches)
+        for pos, b in enumerate(order):
+            finish[b] = timed[0][pos]
+        events += timed[1]
+        done = max(max(f) for f in finish)
+        arrivals = []
+        for i, w, n, mgmt, layer_c, lat, gating, b, t1 in rows:
+            if b is None:  # a rank without transfers: only timeouts
+                end = self._quiet_arrival(w, t0, parts[i])
+            else:
+                t_gate = max(finish[b][k] for k in gating) if gating else t1
+                stall = t_gate - t1 + lat
+                t2 = t_gate + lat
+                end = t_gate + (lat + n * layer_c)
+                extra = max(0.0, (end - t2) - n * layer_c)
+                row = parts[i]
+                row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
+                row[3] = stall + extra
+                row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+            arrivals.append((end, ranks[i]))
+        end = max(arrivals)[0]
+        # the fabric must be idle when the group ends, and simpy's clock must land on its end exactly
+        if done >= end or not end > t0 or not t0 + (end - t0) == end:
+            return None
+        node.count(batches)
+        skip_events(self.env, events - 1)  # less the one `run(until=end)` schedules itself
+        self.env.run(until=end)
+        return arrivals
 
     def _chain(self, r: int, after, nbytes: float, label: str):
         """A peer fetch that starts when `after` (the promotions into the home pools) completes: a CPU-resident

@@ -59,3 +59,63 @@ def test_a_quiet_rank_that_may_arrive_last_is_still_simulated():
     t, parts = timer.run([[busy], [slow]], [0, 1], {})
     assert t == env.now and t >= 1e-3
     assert parts["ffn_s"] == 1e-3
+
+
+def _solo_steps(monkeypatch, fast: bool, seed: int, preset: str, num_busy: int, num_quiet: int):
+    """Forty steps where `num_busy` ranks transfer (h2d + d2h, or h2d + peer + blocking d2h on one layer; some
+    with no management time, so they start at once) and `num_quiet` ranks only compute (sometimes for long, so one
+    of them is simulated too): every step's (seconds, parts), the clock and the events counted."""
+    if not fast:
+        monkeypatch.setattr(StepTimer, "_solo", lambda *a: None)
+    costs = CostModel.load(preset, "glm-5")
+    env = make_env()
+    num_ranks = num_busy + num_quiet
+    timer = StepTimer(env, Node(env, num_ranks, costs))
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(40):
+        prefetch = bool(step % 3 == 1)
+        work = []
+        for _ in range(num_busy):
+            busy = _work(rng, True, prefetch).__dict__
+            if prefetch:  # one layer: its transfers all gate it, no chained fetch
+                busy |= {"layers": 1, "peer_after_h2d_bytes": 0.0}
+            if step % 5 == 2:  # a small backup / a large one that outlives the layers
+                busy |= {"d2h_bytes": float(rng.choice([0.0, 1e3, 3e7]))}
+            if step % 4 == 3:
+                busy |= {"indexer_s": 0.0, "allgather_s": 0.0, "mgmt_s": 0.0}
+            work.append([GroupWork(**busy)])
+        quiet = _work(rng, False, prefetch)
+        if step % 6 == 5:
+            quiet = GroupWork(**{**quiet.__dict__, "ffn_s": 1e-3})
+        work += [[quiet]] * num_quiet
+        out.append(timer.run(work, list(range(num_ranks)), {"overhead_s": 1e-5}))
+    return out, env.now, events_scheduled(env)
+
+
+@pytest.mark.parametrize("seed,preset,num_busy,num_quiet",
+                         [(s, p, b, q) for s in range(2) for p in ("h200", "b300") for b, q in ((1, 0), (1, 3), (3, 0),
+                                                                                               (2, 2))])
+def test_ranks_computed_change_no_bit(monkeypatch, seed, preset, num_busy, num_quiet):
+    """StepTimer._solo (the simulated ranks timed without simpy) gives the same clock, parts and event count as
+    their simpy processes; what it cannot time (a backup outliving the layers, prefetch) falls back to simpy."""
+    fast = _solo_steps(monkeypatch, True, seed, preset, num_busy, num_quiet)
+    monkeypatch.undo()
+    slow = _solo_steps(monkeypatch, False, seed, preset, num_busy, num_quiet)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("num_busy,num_quiet", [(1, 0), (3, 0), (2, 2)])
+def test_solo_is_used(monkeypatch, num_busy, num_quiet):
+    """The shortcut above is taken, and declined at times (else the test above could pass vacuously)."""
+    taken = []
+    orig = StepTimer._solo
+
+    def spy(self, *a):
+        arrivals = orig(self, *a)
+        taken.append(arrivals is not None)
+        return arrivals
+
+    monkeypatch.setattr(StepTimer, "_solo", spy)
+    _solo_steps(monkeypatch, True, 0, "h200", num_busy, num_quiet)
+    assert sum(taken) >= 10 and not all(taken)
