@@ -119,3 +119,12 @@ def test_solo_is_used(monkeypatch, num_busy, num_quiet):
     monkeypatch.setattr(StepTimer, "_solo", spy)
     _solo_steps(monkeypatch, True, 0, "h200", num_busy, num_quiet)
     assert sum(taken) >= 10 and not all(taken)
+
+
+def test_group_work_hash_is_its_fields_hash():
+    """GroupWork's cached hash lists every field, in order (a field added to the class but not to the hash fails)."""
+    import dataclasses
+
+    w = _work(np.random.default_rng(5), True, True)
+    assert hash(w) == hash(dataclasses.astuple(w)) == hash(w)
+    assert [f.name for f in dataclasses.fields(w)][-1] == "peer_after_h2d_bytes"
