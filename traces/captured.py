@@ -308,9 +308,9 @@ class CapturedSelections:
         return self._order[at]
 
     def select(self, request_ids, history_lens, steps, group: int, num_query_tokens: int) -> np.ndarray:
-        from traces.synthetic import _check_select_args
+        from traces.synthetic import check_select_args
 
-        rid, hist, step, q = _check_select_args(request_ids, history_lens, steps, num_query_tokens)
+        rid, hist, step, q = check_select_args(request_ids, history_lens, steps, num_query_tokens)
         if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or not 0 <= group < self.num_groups:
             raise TraceError(f"group {group!r} out of range [0, {self.num_groups})")
         out = np.full((rid.size, q, self.top_k), -1, dtype=np.int64)

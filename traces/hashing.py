@@ -56,3 +56,12 @@ def row_keys32(seed_key: int, ids: np.ndarray) -> np.ndarray:
 def mulhi16(bits32: np.ndarray, n) -> np.ndarray:
     """floor(u * n) for u = (bits32 >> 16) / 2**16: a uniform draw in [0, n) for n < 2**16 (uint32 arithmetic)."""
     return ((bits32 >> np.uint32(16)) * n) >> np.uint32(16)
+
+
+def mix32_int(x: int) -> int:
+    """hashing.mix32 of one uint32 value as a Python int (wrapping 32-bit products)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
