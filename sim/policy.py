@@ -318,7 +318,17 @@ class PolicyRunner:
         return True
 
     def grow(self, rids: list[int], counts: np.ndarray):
-        """Allocate the accepted tokens of simulated requests (batched when the library offers it)."""
+        """Allocate the accepted tokens of simulated requests (batched when the library offers it; one request, as
+        at batch size 1, by the facade's scalar `alloc`)."""
+        if len(rids) == 1:
+            rid, c = rids[0], int(counts[0])
+            rank = self.sampled.get(rid)
+            if rank is None or c <= 0:
+                return
+            self.tables.next_round()
+            for g, cache in self.caches.items():
+                self.tables.append(g, rid, cache.alloc(int(rid), c, rank=int(rank)))
+            return
         keep = [(r, int(c)) for r, c in zip(rids, counts) if r in self.sampled and c > 0]
         if not keep:
             return

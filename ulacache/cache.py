@@ -70,6 +70,8 @@ class UlaCache:
         self._stats: Counter = Counter()
         self._row_bytes = cfg.effective_row_bytes
         self._rows_key, self._rows_tables = None, None  # _row_tables' cache
+        self._no_peer_rows = np.zeros(cfg.num_ranks, dtype=np.int64)  # every plan's peer rows without TP buffers
+        self._no_peer_rows.setflags(write=False)
 
     # -- validation helpers --------------------------------------------------------------------------------------------
     def _idle(self, what: str) -> None:
@@ -145,8 +147,20 @@ class UlaCache:
 
     # -- allocation ----------------------------------------------------------------------------------------------------
     def alloc(self, request_id: int, num_tokens: int, rank: int = 0) -> np.ndarray:
-        """int64 logical addresses of `num_tokens` new tokens of the request (prefill or decode)."""
-        return self.alloc_many([request_id], [num_tokens], [rank])
+        """int64 logical addresses of `num_tokens` new tokens of the request (prefill or decode). Valid integer
+        scalars go straight to the policy's one-request path (a decode step: no per-argument arrays); anything else
+        through `alloc_many`, which checks and refuses it by name."""
+        if not (type(request_id) is int and type(num_tokens) is int and type(rank) is int  # noqa: E721
+                and num_tokens >= 0 and 0 <= rank < self.config.num_ranks):
+            return self.alloc_many([request_id], [num_tokens], [rank])
+        self._idle("allocate")
+        if not self.tp:
+            req = self.space.requests.get(request_id)
+            if req is not None and req.rank != rank:
+                raise ValueError(f"request {request_id} lives on rank {req.rank}, not rank {rank}")
+        addrs = self.policy.alloc_one(request_id, num_tokens, rank, self.tp)
+        self._copy_alloc_moves()
+        return addrs
 
     def alloc_many(self, request_ids, counts, ranks=None) -> np.ndarray:
         """Allocate counts[i] tokens for request_ids[i] (on ranks[i] in DP; default 0; in TP the homes are spread over
@@ -174,10 +188,14 @@ class UlaCache:
                 if req is not None and req.rank != r:
                     raise ValueError(f"request {rid} lives on rank {req.rank}, not rank {r}")
         addrs = self.policy.alloc_many(id_list, counts, ranks, self.tp)
+        self._copy_alloc_moves()
+        return addrs
+
+    def _copy_alloc_moves(self) -> None:
+        """Payload mode: the bytes the last allocation moved inside the GPU tier (hisparse's newest-token slot)."""
         moves = self.policy.alloc_moves
         if moves is not None and self._data is not None and moves[0].size:
             self._data.copy_all_layers(moves[0], moves[1])
-        return addrs
 
     def free(self, request_id: int) -> None:
         """Release every token of the request (its addresses may be reused later)."""
@@ -204,7 +222,8 @@ class UlaCache:
         small = (be.name == "numpy" and arr.size * _SORT_BATCH_RATIO < space.rows.size + 1
                  and arr.dtype.kind in "iu" and arr.dtype.itemsize <= 8 - 4 * (arr.dtype.kind == "u"))
         if small:  # sorted first (in the caller's width: int32 sorts ~2x faster): its ends are the range to check
-            srt = np.sort(arr.reshape(-1))
+            srt = arr.flatten()  # (a copy: sorted in place)
+            srt.sort()
             lo, hi = (int(srt[0]), int(srt[-1])) if srt.size else (0, -1)
             self._check_range(lo, hi, "selected", allow_padding=True)
         else:
@@ -229,7 +248,7 @@ class UlaCache:
         if self.buffers is not None:
             self.buffers.plan(plan, places)
         else:
-            plan.peer_rows_per_rank = np.zeros(self.config.num_ranks, dtype=np.int64)
+            plan.peer_rows_per_rank = self._no_peer_rows
         plan._exchanges = self._exchanges_of  # called with the plan (no plan -> plan reference cycle)
         self._pending = plan
         return plan
@@ -264,10 +283,11 @@ class UlaCache:
             keep = np.empty(s.size, dtype=bool)
             keep[0] = True
             np.not_equal(s[1:], s[:-1], out=keep[1:])
-            s = s[keep]
+            if np.count_nonzero(keep) < s.size:  # (one query token per request repeats none: no copy)
+                s = s[keep]
         s = s.astype(np.int64, copy=False)
         ix = self._sorted_index(s) if s.size else s
-        places = self.space.table[ix]
+        places = self.space.table.take(ix)  # take: no fancy-index set-up
         if places.size and int(places.min()) < 0:  # one reduction; the scan names the first unallocated address
             self._check_allocated(s, places, "selected")
         return s, ix, places, n - pads
@@ -370,10 +390,13 @@ class UlaCache:
         store.data[:, layer, :] = be.to_numpy(be.scatter_rows(be.asarray(data), be.asarray(dst), be.asarray(rows)))
 
     def _count_transfers(self, plan: Plan) -> None:
+        """Rows and bytes of the plan's links (per-rank rows summed as Python ints: a few ranks, no reductions)."""
         s, rb = self._stats, self._row_bytes
-        for key, rows in (("h2d", plan.h2d_rows), ("d2h", plan.d2h_rows), ("peer", plan.peer_rows)):
-            s[key + "_rows"] += rows
-            s[key + "_bytes"] += rows * rb
+        for key, per_rank in (("h2d_", plan.h2d_rows_per_rank), ("d2h_", plan.d2h_rows_per_rank),
+                              ("peer_", plan.peer_rows_per_rank)):
+            rows = sum(per_rank.tolist())
+            s[key + "rows"] += rows
+            s[key + "bytes"] += rows * rb
 
     # -- queries -------------------------------------------------------------------------------------------------------
     def locate(self, addrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

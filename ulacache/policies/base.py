@@ -22,6 +22,9 @@ class Policy(Protocol):
     def alloc_many(self, request_ids: list[int], counts: np.ndarray, ranks: np.ndarray, tp: bool) -> np.ndarray:
         """Addresses for counts[i] new tokens of request_ids[i]; CapacityError (nothing changed) when full."""
 
+    def alloc_one(self, request_id: int, count: int, rank: int, tp: bool) -> np.ndarray:
+        """`alloc_many([request_id], [count], [rank], tp)` with scalars (a decode step's growth)."""
+
     def access(self, plan: Plan, places: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Fill `plan` for its unique addresses (places = their current places, ix = their positions in the address
         space's storage when the caller has them); CapacityError if it cannot fit."""

@@ -183,6 +183,15 @@ class ExclusivePolicy:
             self.space.register(rid, req, addrs[offsets[i]:offsets[i + 1]])
         return addrs
 
+    def alloc_one(self, rid: int, count: int, rank: int, tp: bool) -> np.ndarray:
+        """`alloc_many` of one request (the facade's `alloc`): the same paths, without per-request arrays."""
+        if getattr(self.be, "scalar_updates", False):
+            if count == 1:
+                return self._alloc_one(rid, rank, tp)
+            if count <= FEW_TOKENS:
+                return self._alloc_few([rid], [count], [rank], tp)
+        return self.alloc_many([rid], np.array([count], dtype=np.int64), np.array([rank], dtype=np.int64), tp)
+
     def _alloc_few(self, request_ids: list[int], cnt: list, rk: list, tp: bool) -> np.ndarray:
         """`alloc_many` of a few tokens (decode steps) in Python ints: the same ranks, tiers, addresses and places,
         the same state after, without the array passes that cost more than the work at this size."""

@@ -42,6 +42,7 @@ class _HsState:
     victims: np.ndarray  # address whose copy each miss replaces (-1 none)
     miss_key: np.ndarray  # each miss's key once resident
     victim_key: object  # each victim's key once dropped (its request, no slot): array by miss, or one int
+    victim_shift: int | None = None  # storage position - address of every victim (one request's batch), else None
 
 
 _NO_MOVES = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # alloc_moves when no bytes move (read-only use)
@@ -189,6 +190,10 @@ class HiSparsePolicy:
             self._place_new(np.array([qix[i] for i in has], dtype=np.int64), counts.take(has),
                             np.array([offsets[i] for i in has], dtype=np.int64), addrs)
         return addrs
+
+    def alloc_one(self, rid: int, count: int, rank: int, tp: bool) -> np.ndarray:
+        """`alloc_many` of one request (the facade's `alloc`): no per-request lists."""
+        return self._alloc_one(rid, count, 0 if self.tp else rank)
 
     def _check_room(self, r: int, new_requests: int, tokens: int) -> None:
         if new_requests > len(self.regions[r]):
@@ -338,7 +343,10 @@ class HiSparsePolicy:
         be, space = self.be, self.space
         uniq = plan.addrs
         uix = space.index(uniq) if ix is None else ix
-        key = be.to_numpy(be.gather(be.asarray(self.key_of), be.asarray(uix)))  # request << SH | slot + 1
+        if be.name == "numpy":  # take: no fancy-index set-up (~2x faster on a 2048-address batch)
+            key = self.key_of.take(uix)  # request << SH | slot + 1
+        else:
+            key = be.to_numpy(be.gather(be.asarray(self.key_of), be.asarray(uix)))
         if uniq.size and int(key[0]) >> self.SH == int(key[-1]) >> self.SH:  # maybe one request's tokens
             q = int(key.min()) >> self.SH
             if q == int(key.max()) >> self.SH:  # one request's tokens (batch size 1)
@@ -384,11 +392,12 @@ class HiSparsePolicy:
         self._finish(plan, st, h2d, move_src)
 
     def _access_one(self, plan, places, uix, key, q: int) -> None:
-        """`access` of a batch of one request's tokens: scalars for the request, one LRU row reordered."""
+        """`access` of a batch of one request's tokens: scalars for the request, one LRU row reordered. Index arrays
+        are intp (no cast inside the scatters and gathers); the misses' slots are the first m evictable ones."""
         D, uniq = self.D, plan.addrs
         row, lrow, qk = int(self.row_of[q]), int(self.lrow_of[q]), q << self.SH
-        s1 = key - qk  # slot in the region + 1 (0 none, D + 1 the newest token)
-        miss_idx = np.flatnonzero(s1 == 0)
+        s1 = np.subtract(key, qk, dtype=np.intp)  # slot in the region + 1 (0 none, D + 1 the newest token)
+        miss_idx = (s1 == 0).nonzero()[0]
         m = miss_idx.size
         plan.num_hits, plan.num_misses = int(uniq.size - m), m
         h = 0
@@ -405,14 +414,17 @@ class HiSparsePolicy:
         order = self.lru[row]  # slots, least recent first
         if h:
             hit = flag.take(order)  # by LRU position
-            ev, hs = order.compress(~hit), order.compress(hit)  # evictable / hit slots, in LRU order
+            ev, hs = order[~hit], order[hit]  # evictable / hit slots, in LRU order
         else:
             ev, hs = order, order[:0]
         new_order = np.concatenate((ev[m:], ev[:m][::-1], hs))
-        taken = new_order[D - h - m:D - h][::-1]  # the slots the misses take (a view of the new order)
-        st = _HsState(np.array([row], dtype=np.int64), new_order, uniq.take(miss_idx), uix.take(miss_idx), taken,
-                      np.add(taken, row * (D + 1), dtype=np.int64), np.add(taken, int(self.row_base[row]), dtype=np.int64),
-                      self.gowner[row].take(taken), np.add(taken, qk + 1, dtype=key.dtype), qk)
+        taken = ev[:m].astype(np.intp)  # the slots the misses take: new_order[D - h - m:D - h] reversed
+        miss_ix = uix.take(miss_idx)
+        st = _HsState(np.array([row], dtype=np.int64), new_order, uniq.take(miss_idx), miss_ix, taken,
+                      taken + row * (D + 1), taken + int(self.row_base[row]), self.gowner[row].take(taken),
+                      taken + (qk + 1), qk)
+        if m:  # the victims are this request's tokens: their storage positions share its addresses' shift
+            st.victim_shift = int(miss_ix[0]) - int(st.miss_addrs[0])
         move_src = places.take(miss_idx)
         h2d = np.zeros(self.R, np.int64)
         if m:
@@ -473,8 +485,9 @@ class HiSparsePolicy:
             if v.size and int(v.min()) < 0:  # empty slots taken: no copy dropped there
                 held = v >= 0
                 v, vk = v[held], (vk if isinstance(vk, int) else vk[held])
-            if v.size:
-                self.key_of[self.space.index(v)] = vk  # the victims' copies dropped
+            if v.size:  # the victims' copies dropped
+                ix = self.space.index(v) if st.victim_shift is None else np.add(v, st.victim_shift, dtype=np.intp)
+                self.key_of[ix] = vk
             self.key_of[st.miss_ix] = st.miss_key
             self.gowner.reshape(-1)[st.miss_cell] = st.miss_addrs
         self.pending_d2h[:] = 0
