@@ -69,6 +69,8 @@ class GroupTables:
 
     def _same(self, rid: int, start: int, addrs: np.ndarray) -> bool:
         t = self.shared
+        if addrs.size == 1:  # a decode token (batch size 1): one element, no array comparison
+            return int(t.table[t.row_of[rid], max(start, 0)]) == int(addrs[0])
         return bool(np.array_equal(t.table[t.row_of[rid], max(start, 0):max(start, 0) + addrs.size], addrs))
 
     def _fork(self, g: int):

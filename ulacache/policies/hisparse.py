@@ -205,13 +205,15 @@ class HiSparsePolicy:
     def _alloc_one(self, rid: int, c: int, r: int) -> np.ndarray:
         """alloc_many of one request: c tokens on rank r (what alloc_many does, without per-request arrays)."""
         space = self.space
+        req = space.requests.get(rid)
+        if c == 1 and req is not None and int(self.hist_len[req.index]) > self.D:
+            return self._decode_one(rid, req, r)
         req = space.request(rid, r)
         new = rid not in space.requests
         self._check_room(r, int(new), c)
         if c == 1:  # a decode token: scalars (the same id and CPU slot as pop_ids / pop)
             a = space.pop_one(r)
-            a_ix = space.index_one(a)
-            space.table[a_ix] = self.cpu.free[r].pop_few(1)[0]
+            space.table[space.index_one(a)] = self.cpu.free[r].pop_few(1)[0]
             self.pending_d2h[r] += 1
             addrs = np.array([a], dtype=np.int64)
         elif c:
@@ -230,15 +232,6 @@ class HiSparsePolicy:
             return addrs
         D, qk = self.D, self._qkey(q)
         old_len, row, old_newest = int(self.hist_len[q]), int(self.row_of[q]), int(self.newest[q])
-        if c == 1 and old_len > D:  # a decode step past the buffer (every step of a long request): scalars only
-            prev = int(self.gowner[row, D])  # the previous newest token just drops out (keeps no copy)
-            self.key_of[space.index_one(prev) if prev >= 0 else space.index(self.gowner[row, D:])] = qk
-            self.lrow_of[q] = row
-            self.key_of[a_ix] = qk + D + 1
-            self.gowner[row, D] = a
-            self.newest[q] = a
-            self.hist_len[q] = old_len + 1
-            return addrs
         aix = space.index(addrs)
         if c > 1:
             self.key_of[aix] = qk  # new tokens hold no copy (but those the fill or the newest slot gives one)
@@ -254,6 +247,30 @@ class HiSparsePolicy:
         self.gowner[row, D] = addrs[-1]
         self.newest[q] = addrs[-1]
         self.hist_len[q] = old_len + c
+        return addrs
+
+    def _decode_one(self, rid: int, req, r: int) -> np.ndarray:
+        """`_alloc_one` of a decode token of a running request past its buffer (every step of a long request): its
+        newest-token slot takes the token, the previous newest drops out (keeps no copy); scalars only."""
+        space, free = self.space, self.cpu.free[r]
+        if not len(free):
+            raise CapacityError(f"cannot allocate 1 tokens on rank {r}: 0 CPU slots free")
+        a = space.pop_one(r)
+        a_ix = space.index_one(a)
+        space.table[a_ix] = free.pop_few(1)[0]
+        self.pending_d2h[r] += 1
+        addrs = np.array([a], dtype=np.int64)
+        space.register(rid, req, addrs)
+        self.alloc_moves = _NO_MOVES
+        q, D = req.index, self.D
+        qk, row = self._qkey(q), int(self.row_of[q])
+        prev = int(self.gowner[row, D])
+        self.key_of[space.index_one(prev) if prev >= 0 else space.index(self.gowner[row, D:])] = qk
+        self.lrow_of[q] = row
+        self.key_of[a_ix] = qk + D + 1
+        self.gowner[row, D] = a
+        self.newest[q] = a
+        self.hist_len[q] += 1
         return addrs
 
     def _pop(self, rk: list, cnt: list, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
