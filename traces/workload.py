@@ -7,9 +7,9 @@ as capacity allows); Poisson traces draw exponential inter-arrival gaps at `rate
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
