@@ -44,6 +44,15 @@ class Request:
             self.runs.append(addrs.astype(dtype))
         self.num_tokens += n
 
+    def append_one(self, addr: int) -> None:
+        """`append` of one address (a decode token) given as an int: no array."""
+        last = self.runs[-1] if self.runs else None
+        if isinstance(last, tuple) and last[0] + last[1] == addr:
+            self.runs[-1] = (last[0], last[1] + 1)
+        else:
+            self.runs.append((addr, 1))
+        self.num_tokens += 1
+
     def addresses(self) -> np.ndarray:
         """The request's addresses in allocation order (a fresh int64 array)."""
         parts = [np.arange(r[0], r[0] + r[1], dtype=np.int64) if isinstance(r, tuple) else r.astype(np.int64)
@@ -169,6 +178,13 @@ class AddressSpace:
             self.requests[request_id] = req
         req.append(addrs, self.id_dtype)
         self.num_allocated += addrs.size
+
+    def register_one(self, request_id: int, req: Request, addr: int) -> None:
+        """`register` of one address given as an int (a decode token)."""
+        if request_id not in self.requests:
+            self.requests[request_id] = req
+        req.append_one(addr)
+        self.num_allocated += 1
 
     def release(self, request_id: int) -> np.ndarray:
         """Forget the request; return its addresses (their ids go back to the free lists, places to -1)."""

@@ -250,7 +250,10 @@ class ExclusivePolicy:
         offsets = 0
         for rid, c, r in zip(request_ids, cnt, rk):  # loop over requests (bookkeeping only)
             req = space.request(rid, r if not tp else 0)
-            space.register(rid, req, out[offsets:offsets + c])
+            if c == 1:  # a decode token: its address as an int
+                space.register_one(rid, req, addrs[offsets])
+            else:
+                space.register(rid, req, out[offsets:offsets + c])
             offsets += c
         return out
 
@@ -283,10 +286,9 @@ class ExclusivePolicy:
             self.pending_d2h[r] += 1
         gpu.touch(gidx, self._clock(self.step))
         self._on_alloc(gidx)
-        out = np.array([addr], dtype=np.int64)
-        space.set_places(out, np.array([place], dtype=np.int64))
-        space.register(rid, space.request(rid, r if not tp else 0), out)
-        return out
+        space.table[space.index_one(addr)] = place
+        space.register_one(rid, space.request(rid, r if not tp else 0), addr)
+        return np.array([addr], dtype=np.int64)
 
     # -- access --------------------------------------------------------------------------------------------------------
     def access(self, plan: Plan, places: np.ndarray, ix: np.ndarray | None = None) -> None:

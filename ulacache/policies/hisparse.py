@@ -259,8 +259,7 @@ class HiSparsePolicy:
         a_ix = space.index_one(a)
         space.table[a_ix] = free.pop_few(1)[0]
         self.pending_d2h[r] += 1
-        addrs = np.array([a], dtype=np.int64)
-        space.register(rid, req, addrs)
+        space.register_one(rid, req, a)
         self.alloc_moves = _NO_MOVES
         q, D = req.index, self.D
         qk, row = self._qkey(q), int(self.row_of[q])
@@ -271,7 +270,7 @@ class HiSparsePolicy:
         self.gowner[row, D] = a
         self.newest[q] = a
         self.hist_len[q] += 1
-        return addrs
+        return np.array([a], dtype=np.int64)
 
     def _pop(self, rk: list, cnt: list, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Addresses and CPU places of the new tokens, in request order (each rank's popped in request order)."""
