@@ -102,3 +102,26 @@ def test_device_state_is_a_consistent_dense_snapshot(policy):
     c.commit(plan)
     with pytest.raises(ValueError):
         make("dp", 1, "hisparse").device_state()
+
+
+def test_place_layout_decode_one_tier_and_mixed():
+    """decode's one-tier path (scalar base and segment) gives what the per-place formula gives, as the mixed path."""
+    from ulacache.layout import PlaceLayout
+
+    lay = PlaceLayout(num_ranks=3, gpu_slots=60, gpu_seg=64, cpu_slots=7, buffer_slots=5, buffer_seg=64)
+    bases = (0, lay.cpu_base, lay.buffer_base)
+    segs = (lay.gpu_seg, lay.cpu_slots, lay.buffer_seg)
+
+    def expect(p):
+        if p < 0:
+            return -1, -1, -1
+        t = int(p >= lay.cpu_base) + int(p >= lay.buffer_base)
+        return t, (p - bases[t]) // segs[t], (p - bases[t]) % segs[t]
+
+    rng = np.random.default_rng(5)
+    for places in (rng.integers(0, lay.cpu_base, 40), lay.cpu_base + rng.integers(0, 21, (4, 5)),
+                   rng.integers(lay.buffer_base, lay.num_places, 9), rng.integers(-1, lay.num_places, 50), [7]):
+        tier, rank, slot = lay.decode(places)
+        assert tier.dtype == np.int8 and rank.dtype == slot.dtype == np.int64 and tier.shape == np.shape(places)
+        got = list(zip(tier.ravel().tolist(), rank.ravel().tolist(), slot.ravel().tolist()))
+        assert got == [expect(int(p)) for p in np.ravel(places)]
