@@ -250,7 +250,7 @@ class StepTimer:
         the clock is moved to the last arrival and the events the processes would have scheduled are counted.
         Returns the barrier arrivals [(time, rank)], or None (nothing changed) where this does not apply."""
         node, t0 = self.node, self.env.now
-        batches, rows, ends = [], [], []
+        batches, rows = [], []
         events = 2  # the barrier's release and the group's all_of
         for i in sim_idx:
             w, r = ws[i], ranks[i]
