@@ -15,6 +15,7 @@ DENSE_LIMIT_BYTES = 256 << 20  # per cache, all ranks together; above it the loc
 _EMPTY, _TOMB = -1, -2
 _WINDOW = 8  # probe steps per round of a vectorized lookup
 _SCALAR_TAIL = 32  # probe rounds with at most this many keys pending run in plain Python (no per-round array calls)
+_FEW_MISSES = 64  # `remote` splits this many misses by rank in one divmod (more: by slices, one pass)
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
 
@@ -101,10 +102,14 @@ class DenseSlotMaps:
         for r in range(R):  # loop over ranks: the own homes (never held there) are neither hits nor misses
             absent[r, bounds[r]:bounds[r + 1]] = False
         miss = np.flatnonzero(absent)  # r * U + column, ascending
-        cut = miss.searchsorted(np.arange(R + 1, dtype=np.int64) * U).tolist()
-        for r in range(1, R):  # loop over ranks: columns
-            miss[cut[r]:cut[r + 1]] -= r * U
-        m_counts = np.diff(cut)
+        if miss.size <= _FEW_MISSES:  # (a decode step at batch size 1: a few; three array calls, no rank loop)
+            rank, miss = np.divmod(miss, U)
+            m_counts = np.bincount(rank, minlength=R)
+        else:
+            cut = miss.searchsorted(np.arange(R + 1, dtype=np.int64) * U).tolist()
+            for r in range(1, R):  # loop over ranks: columns
+                miss[cut[r]:cut[r + 1]] -= r * U
+            m_counts = np.diff(cut)
         return U - np.diff(bounds) - m_counts, miss, m_counts, rows
 
     def fill(self, ix: np.ndarray, rows: np.ndarray, ranks: np.ndarray, cols: np.ndarray, slots: np.ndarray):

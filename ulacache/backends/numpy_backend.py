@@ -13,6 +13,17 @@ _FEW_WORDS = 64  # ... reading at most this many summary words (more: the vector
 _FEW_BITS = 8  # bitmap writes of at most this many slots update byte by byte in Python
 _RUN_BITS = 4096  # writes of this many slots or more check for one contiguous range (whole bytes at once)
 _BIT = (np.uint8(1) << np.arange(8, dtype=np.uint8)).astype(np.uint8)
+_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(bool)  # (256, 8)
+
+
+def _set_bits(words: np.ndarray) -> np.ndarray:
+    """Set-bit positions of uint64 `words` read as one little-endian bit string (word i's bit b is 64 i + b),
+    ascending: np.unpackbits(words.view(np.uint8), bitorder="little").nonzero()[0], unpacking only the non-zero
+    bytes through a byte table (free-slot words hold ~6 set bits: measured ~2x faster than unpacking every bit)."""
+    by = words.view(np.uint8)
+    nzb = by.nonzero()[0]
+    flat = np.flatnonzero(_BYTE_BITS.take(by.take(nzb), axis=0))
+    return nzb.take(flat >> 3) * 8 + (flat & 7)
 
 
 class NumpyBackend:
@@ -157,7 +168,7 @@ class NumpyBackend:
         per = np.bitwise_count(flags.take(nzf))
         if int(per.sum()) <= _TRIM_FACTOR * (int(want.sum()) + nseg):  # few flags: read them all
             nw = min(words.size, nseg * wps)
-            p = np.unpackbits(flags.take(nzf).view(np.uint8), bitorder="little").nonzero()[0]
+            p = _set_bits(flags.take(nzf))
             cw = nzf.take(p >> 6) * 64 + (p & 63)
             if cw[-1] >= nw:  # flags past the segments (or the bitmap)
                 cw = cw[:cw.searchsorted(nw)]
@@ -189,7 +200,7 @@ class NumpyBackend:
                 keep = np.add.outer(before.take(use), _SLOT_IN_WORD) < want.take(cseg.take(use))[:, None]
                 return slots[keep], found
             return slots.reshape(-1), found
-        p = np.unpackbits(words.take(wu).view(np.uint8), bitorder="little").nonzero()[0]
+        p = _set_bits(words.take(wu))
         k = p >> 6
         slots = wu.take(k) * 64 + (p & 63)  # ascending within each segment, segments in order
         if slots.size != int(np.maximum(found, 0).sum()):  # a segment's last word holds more than it needs
@@ -261,7 +272,7 @@ class NumpyBackend:
             pos += first[0]
             seg = np.zeros(total, dtype=np.int64)
         fw = nzf.take(pos)
-        p = np.unpackbits(flags.take(fw).view(np.uint8), bitorder="little").nonzero()[0]
+        p = _set_bits(flags.take(fw))
         k = p >> 6
         cw, cseg = fw.take(k) * 64 + (p & 63), seg.take(k)
         if slack or lo[-1] + wps > num_words:  # drop flags of a neighbouring segment (or past the bitmap)
