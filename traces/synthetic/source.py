@@ -3,7 +3,6 @@ that make a decode step cheap: group plans, strata tables per domain, per-reques
 history-length terms (see traces.synthetic for the model)."""
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -45,7 +44,9 @@ class SyntheticSelections:
         self._hist_cache: dict[tuple[tuple[int, ...], int, int], tuple] = {}  # (groups, domain, request) -> `hist_interval`
         self._row_cache_elems = 0
         self._hist_cache_elems = 0
-        self._threads = max(1, int(num_threads if num_threads is not None else min(2, os.cpu_count() or 1)))
+        # one thread unless asked: on the 2-core box a second thread made large batches slower (wall and CPU +13-17%,
+        # bench/results/selection_threads.json), and replays of <= 32 rows never chunk
+        self._threads = max(1, int(num_threads if num_threads is not None else 1))
         self._pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ group plans
