@@ -20,7 +20,6 @@ from types import MappingProxyType
 
 from sim.events import TraceRecorder
 
-
 HOST_CAP_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s")
 
 
@@ -269,6 +268,18 @@ def peer_after_exchange_s(costs, num_homes: int) -> float:
     return float(costs.values.get("peer_after_exchange_latency_s") or 0.0) * max(0, num_homes)
 
 
+def _set_rates(flows: list, rates: list, slot: int) -> float:
+    """Give each flow its rate (at index `slot` of its entry; index 0 holds its remainder) and return the time until
+    the first of them ends at those rates (a re-plan: `Fabric._replan` and `Fabric.solo` share it, float for float)."""
+    at = None
+    for e, r in zip(flows, rates):
+        e[slot] = r
+        left = e[0]
+        t = (left if left > 0.0 else 0.0) / r
+        if at is None or t < at:
+            at = t
+    return at
+
 class Fabric:
     """Flows over shared resources on simpy, max-min fair; one pending wake-up for the earliest completion.
 
@@ -403,20 +414,17 @@ class Fabric:
                 events += len(done)
             wake = None
             if flows:  # `_replan`
-                key = tuple(sig)
-                rates = self._memo.get(key)
-                if rates is None:
-                    rates = self._memo[key] = self._rates_of(key)
-                at = None
-                for e, r in zip(flows, rates):
-                    e[1] = r
-                    left = e[0]
-                    t = (left if left > 0.0 else 0.0) / r
-                    if at is None or t < at:
-                        at = t
+                at = _set_rates(flows, self._memo_rates(tuple(sig)), 1)
                 events += 1
                 wake = now + at
         return finish, events
+
+    def _memo_rates(self, sig: tuple) -> list:
+        """The rates of the flows `sig` (route indices, in start order), memoised per sequence."""
+        rates = self._memo.get(sig)
+        if rates is None:
+            rates = self._memo[sig] = self._rates_of(sig)
+        return rates
 
     def _register(self, route: dict) -> int:
         idx = self._route_idx[id(route)] = len(self._route_of)
@@ -478,17 +486,7 @@ class Fabric:
         flows = self._flows
         if not flows:
             return
-        sig = tuple(self._sig)
-        rates = self._memo.get(sig)
-        if rates is None:
-            rates = self._memo[sig] = self._rates_of(sig)
-        at = None
-        for e, r in zip(flows, rates):
-            e[5] = r
-            left = e[0]
-            t = (left if left > 0.0 else 0.0) / r
-            if at is None or t < at:
-                at = t
+        at = _set_rates(flows, self._memo_rates(tuple(self._sig)), 5)
         ev = self._pending = self._timeout(self.env, at)
         ev.callbacks.append(self._wake)
 

@@ -155,9 +155,7 @@ class UlaCache:
             return self.alloc_many([request_id], [num_tokens], [rank])
         self._idle("allocate")
         if not self.tp:
-            req = self.space.requests.get(request_id)
-            if req is not None and req.rank != rank:
-                raise ValueError(f"request {request_id} lives on rank {req.rank}, not rank {rank}")
+            self._check_home(request_id, rank)
         addrs = self.policy.alloc_one(request_id, num_tokens, rank, self.tp)
         self._copy_alloc_moves()
         return addrs
@@ -184,12 +182,16 @@ class UlaCache:
         id_list = ids.tolist()
         if not self.tp:
             for rid, r in zip(id_list, ranks.tolist()):  # loop over requests (dict look-ups)
-                req = self.space.requests.get(rid)
-                if req is not None and req.rank != r:
-                    raise ValueError(f"request {rid} lives on rank {req.rank}, not rank {r}")
+                self._check_home(rid, r)
         addrs = self.policy.alloc_many(id_list, counts, ranks, self.tp)
         self._copy_alloc_moves()
         return addrs
+
+    def _check_home(self, request_id: int, rank: int) -> None:
+        """DP: a request's tokens live on one rank; ValueError when an allocation names another."""
+        req = self.space.requests.get(request_id)
+        if req is not None and req.rank != rank:
+            raise ValueError(f"request {request_id} lives on rank {req.rank}, not rank {rank}")
 
     def _copy_alloc_moves(self) -> None:
         """Payload mode: the bytes the last allocation moved inside the GPU tier (hisparse's newest-token slot)."""
