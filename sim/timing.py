@@ -58,6 +58,14 @@ def _arrival_floor(w, t0: float) -> float:
     return floor - 1e-9 * abs(floor)
 
 
+def _write_parts(row: list, w, mgmt: float, stall: float) -> None:
+    """A rank's timing parts (in PARTS order) for work `w`: its compute as given, `stall` waiting on transfers."""
+    n = w.layers
+    row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
+    row[3] = stall
+    row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+
+
 # events a rank without transfers schedules in `_rank`, besides a timeout for its management when it has any:
 # its Initialize, its layers' timeout, its end (the barrier's release is scheduled once, by the last arrival)
 _QUIET_EVENTS = 3
@@ -195,16 +203,14 @@ class StepTimer:
         if w.h2d_bytes > 0 or w.peer_bytes > 0 or w.peer_after_h2d_bytes > 0 or w.d2h_bytes > 0:
             return None
         n = w.layers
-        mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n
+        mgmt = _mgmt(w)
         pre = w.indexer_s + w.allgather_s + mgmt
         now = t0 + pre if pre > 0 else t0
         layer_c = w.attention_s + w.ffn_s + w.collective_s
         stall, t2 = now - now + 0.0, now + 0.0
         now = now + (0.0 + n * layer_c)
         extra = max(0.0, (now - t2) - n * layer_c)
-        row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
-        row[3] = stall + extra
-        row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+        _write_parts(row, w, mgmt, stall + extra)
         return now
 
     def _quiet(self, ws: list[GroupWork], ranks: list[int], parts: list[list[float]]):
@@ -257,7 +263,7 @@ class StepTimer:
             if (w.prefetch and w.layers > 1) or w.peer_after_h2d_bytes > 0:
                 return None
             n = w.layers
-            mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n
+            mgmt = _mgmt(w)
             pre = w.indexer_s + w.allgather_s + mgmt
             now = t0 + pre if pre > 0 else t0
             if pre > 0 and not now > t0:
@@ -305,10 +311,7 @@ class StepTimer:
                 t2 = t_gate + lat
                 end = t_gate + (lat + n * layer_c)
                 extra = max(0.0, (end - t2) - n * layer_c)
-                row = parts[i]
-                row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
-                row[3] = stall + extra
-                row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+                _write_parts(parts[i], w, mgmt, stall + extra)
             arrivals.append((end, ranks[i]))
         end = max(arrivals)[0]
         # the fabric must be idle when the group ends, and simpy's clock must land on its end exactly
@@ -348,7 +351,7 @@ class StepTimer:
         tracing = rec is not None and rec.enabled
         t0 = env.now
         n = w.layers
-        mgmt = w.mgmt_s if w.prefetch else w.mgmt_s * n  # HiSparse's swap-in kernel runs per layer
+        mgmt = _mgmt(w)  # HiSparse's swap-in kernel runs per layer
         pre = w.indexer_s + w.allgather_s + mgmt
         if pre > 0:
             yield env.timeout(pre)
@@ -408,8 +411,5 @@ class StepTimer:
             rec.span(track, f"allgather g{g}", a, a + w.allgather_s)
             rec.span(track, f"{'mgmt' if w.prefetch else 'swap-in mgmt'} g{g}", a + w.allgather_s, t1)
             rec.span(track, f"layers g{g} (x{n})", t2, env.now, {"transfer_stall_s": stall + extra})
-        row = parts[i]
-        row[0], row[1], row[2] = w.indexer_s, w.allgather_s, mgmt
-        row[3] = stall + extra
-        row[4], row[5], row[6] = n * w.attention_s, n * w.ffn_s, n * w.collective_s
+        _write_parts(parts[i], w, mgmt, stall + extra)
         yield barrier.arrive(r)
