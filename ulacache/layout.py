@@ -47,18 +47,19 @@ class PlaceLayout:
         """(tier int8, rank int64, slot int64) of each place, vectorized; (-1, -1, -1) where a place is < 0."""
         shape = np.shape(places)
         p = np.asarray(places, dtype=np.int64).reshape(-1)
+        bases = (0, self.cpu_base, self.buffer_base)  # per tier: its first place and its slots per rank
+        segs = (self.gpu_seg, max(self.cpu_slots, 1), max(self.buffer_seg, 1))
         if p.size:  # every place in one tier (a prompt placed on the CPU, a warm batch): scalar base and divisor
             lo, hi = int(p.min()), int(p.max())
             t = int(lo >= self.cpu_base) + int(lo >= self.buffer_base)
             if lo >= 0 and t == int(hi >= self.cpu_base) + int(hi >= self.buffer_base):
-                base = (0, self.cpu_base, self.buffer_base)[t]
-                d = p - base
-                rank = d // (self.gpu_seg, max(self.cpu_slots, 1), max(self.buffer_seg, 1))[t]
-                slot = d - rank * (self.gpu_seg, max(self.cpu_slots, 1), max(self.buffer_seg, 1))[t]
+                d, seg = p - bases[t], segs[t]
+                rank = d // seg
+                slot = d - rank * seg
                 return np.full(shape, t, dtype=np.int8), rank.reshape(shape), slot.reshape(shape)
         tier = (p >= self.cpu_base).view(np.int8) + (p >= self.buffer_base).view(np.int8)
-        base = np.array([0, self.cpu_base, self.buffer_base], dtype=np.int64).take(tier)
-        seg = np.array([self.gpu_seg, max(self.cpu_slots, 1), max(self.buffer_seg, 1)], dtype=np.int64).take(tier)
+        base = np.array(bases, dtype=np.int64).take(tier)
+        seg = np.array(segs, dtype=np.int64).take(tier)
         rank, slot = np.divmod(p - base, seg)
         none = p < 0
         if none.any():

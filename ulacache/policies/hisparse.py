@@ -212,10 +212,7 @@ class HiSparsePolicy:
         new = rid not in space.requests
         self._check_room(r, int(new), c)
         if c == 1:  # a decode token: scalars (the same id and CPU slot as pop_ids / pop)
-            a = space.pop_one(r)
-            space.table[space.index_one(a)] = self.cpu.free[r].pop_few(1)[0]
-            self.pending_d2h[r] += 1
-            addrs = np.array([a], dtype=np.int64)
+            addrs = np.array([self._pop_token(r)[0]], dtype=np.int64)
         elif c:
             addrs = space.pop_ids(r, c)
             space.set_places(addrs, self.cpu.free[r].pop(c))
@@ -249,16 +246,22 @@ class HiSparsePolicy:
         self.hist_len[q] = old_len + c
         return addrs
 
+    def _pop_token(self, r: int) -> tuple[int, int]:
+        """One decode token's address on rank r and its storage position, placed in a CPU slot (backed up once): the
+        same id and slot as pop_ids / pop, as ints."""
+        space = self.space
+        a = space.pop_one(r)
+        a_ix = space.index_one(a)
+        space.table[a_ix] = self.cpu.free[r].pop_few(1)[0]
+        self.pending_d2h[r] += 1
+        return a, a_ix
+
     def _decode_one(self, rid: int, req, r: int) -> np.ndarray:
         """`_alloc_one` of a decode token of a running request past its buffer (every step of a long request): its
         newest-token slot takes the token, the previous newest drops out (keeps no copy); scalars only."""
-        space, free = self.space, self.cpu.free[r]
-        if not len(free):
-            raise CapacityError(f"cannot allocate 1 tokens on rank {r}: 0 CPU slots free")
-        a = space.pop_one(r)
-        a_ix = space.index_one(a)
-        space.table[a_ix] = free.pop_few(1)[0]
-        self.pending_d2h[r] += 1
+        space = self.space
+        self._check_room(r, 0, 1)
+        a, a_ix = self._pop_token(r)
         space.register_one(rid, req, a)
         self.alloc_moves = _NO_MOVES
         q, D = req.index, self.D
