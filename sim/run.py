@@ -172,6 +172,8 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "request_sample_stride": runner.k if runner else 1,
         "policy_calls": runner.policy_calls if runner else 0,
         "policy_batch_splits": runner.capacity_splits if runner else 0,
+        # events of the per-rank simulation: those of groups the timer computed in closed form are counted as
+        # simpy would have scheduled them (sim/hardware.skip_events), so this is a modelled count (README)
         "simpy_events": int(events), "sim_wall_s": wall_s,
         "sim_tokens_per_wall_s": st.tokens / wall_s if wall_s else 0.0,
         "simpy_events_per_wall_s": events / wall_s if wall_s else 0.0,
