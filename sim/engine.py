@@ -301,10 +301,15 @@ class Engine:
         """Each simulated rank's distinct group work (`_rank_work`). Ranks whose inputs are equal (under DP the idle
         ranks of a small batch) share one list: the same objects, so the timer compares them once."""
         n = len(sim_ranks)
+        tp = self.system.tp
+        # per step: each simulated group's link rows and (TP) its rank-0 h2d total as Python floats (`_links`),
+        # and the batch's per-rank scalars
+        shared["row_vals"] = {rep: (x.tolist(), float(x[0].sum()) if tp else 0.0) for rep, x in rows.items()}
+        shared["n_rank"], shared["ref_rank"] = b.n_rank.tolist(), b.ref_rank.tolist()
         if n == 1:
             return [self._rank_work(b, sim_ranks[0], ratios, rows, shared)]
-        cols = [shared["keys"], b.n_rank.tolist(), b.ref_rank.tolist()]  # everything rank-dependent it reads
-        cols += [x.tolist() for rep in rows for x in rows[rep]]
+        cols = [shared["keys"], shared["n_rank"], shared["ref_rank"]]  # everything rank-dependent it reads
+        cols += [x for vals, _ in shared["row_vals"].values() for x in vals]
         pack = struct.Struct(f"{len(cols)}d").pack  # their exact float64 bits (as the arrays' bytes were)
         seen: dict[bytes, list[GroupWork]] = {}
         out = []
@@ -326,9 +331,9 @@ class Engine:
         for rep, layers in distinct:
             passes = by_rep.get(rep)
             if passes is None:
-                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep), common,
-                                                    shared)
-            made.extend(GroupWork(layers=layers, **c, **links) for c, links in passes)
+                passes = by_rep[rep] = self._passes(b, r, ratios[rep] if ratios else None, rows.get(rep),
+                                                    shared["row_vals"].get(rep), common, shared)
+            made.extend(GroupWork.of(layers, c, links) for c, links in passes)
         return made
 
     def _order(self, ratios) -> GroupOrder:
@@ -400,16 +405,20 @@ class Engine:
             ffn_s=float(shared["ffn_s"]), collective_s=float(shared["collective_s"]),
             prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
 
-    def _passes(self, b: Batch, r: int, rt: dict | None, rows, common: dict, shared: dict) -> list[tuple[dict, dict]]:
+    def _passes(self, b: Batch, r: int, rt: dict | None, rows, vals, common: dict, shared: dict) -> list[tuple[dict, dict]]:
         """(compute, links) of each pass of one group: one; or p when the policy served the access batch in p
         sub-batches (its working set did not fit the GPU pool / local buffer at once). The indexer and its
         all-gather run once for the batch; each sub-batch (1/p of the requests) then runs the group's layers with its
         own management, transfers and compute, so per-pass fixed costs (launches, latencies, MoE weight reads) are
-        paid p times."""
+        paid p times. `vals`: the group's rows as Python lists and its TP home h2d total (`_ranks_work`)."""
         row = self.cfg.model.kv_bytes_per_token_layer
         p = _num_passes(rt)
         if p == 1:
-            return [(common, self._links(b, r, rt, rows, row) if rt else NO_LINKS)]
+            if not rt:
+                return [(common, NO_LINKS)]
+            (h2d, d2h, peer), home_h2d = vals
+            return [(common, self._links(shared["ref_rank"][r], shared["n_rank"][r], rt, h2d[r], d2h[r], peer[r],
+                                         home_h2d, row))]
         subs = shared.setdefault("sub_batches", {})  # p -> (sub-batch, its shared work): once per step
         if p not in subs:
             sub = Batch(b.run, b.hist, b.refs_req / p, b.n_total / p, b.tokens_total / p, b.ref_rank / p, b.hist_rank,
@@ -417,27 +426,29 @@ class Engine:
             subs[p] = (sub, self._shared_work(sub))
         sub, sub_shared = subs[p]
         c = self._compute(sub, r, sub_shared)
-        links = self._links(sub, r, rt, rows / p, row)
+        sub_rows = rows / p
+        h2d, d2h, peer = sub_rows[:, r].tolist()
+        links = self._links(float(sub.ref_rank[r]), float(sub.n_rank[r]), rt, h2d, d2h, peer,
+                            float(sub_rows[0].sum()) if self.system.tp else 0.0, row)
         first = {**c, "indexer_s": common["indexer_s"], "allgather_s": common["allgather_s"]}
         rest = {**c, "indexer_s": 0.0, "allgather_s": 0.0}
         return [(first, links)] + [(rest, links)] * (p - 1)
 
-    def _links(self, b: Batch, r: int, rt: dict, rows: tuple, row_bytes: float) -> dict:
-        """Management time and link bytes of one simulated group's plan on rank r (one layer). A pure function of
-        the scalars below: memoized on their exact bits (idle DP ranks, whose products are 0 step after step, and
+    def _links(self, ref_rank: float, n_rank: float, rt: dict, h2d: float, d2h: float, peer: float,
+               home_h2d: float, row_bytes: float) -> dict:
+        """Management time and link bytes of one simulated group's plan on a rank (one layer) with `ref_rank`
+        references of `n_rank` requests and these (h2d, d2h, peer) rows (Python floats). A pure function of the
+        scalars below: memoized on their exact bits (idle DP ranks, whose products are 0 step after step, and
         repeated shapes are computed once)."""
-        sysm = self.system
-        h2d, d2h, peer = rows[:, r]
-        home_h2d = float(rows[0].sum()) if sysm.tp else 0.0
-        ref_rank = b.ref_rank[r]
         unique, misses = rt["unique"] * ref_rank, rt["misses"] * ref_rank  # (an idle rank's: 0 whatever the ratios)
-        key = _F9.pack(ref_rank, unique, misses, b.n_rank[r], h2d, d2h, peer, home_h2d, row_bytes)
+        key = _F9.pack(ref_rank, unique, misses, n_rank, h2d, d2h, peer, home_h2d, row_bytes)
         out = self._links_memo.get(key)
         if out is None:
             if len(self._links_memo) >= 4096:
                 self._links_memo.clear()
-            out = self._links_memo[key] = self._links_of(ref_rank, unique, misses, b.n_rank[r], h2d, d2h, peer,
-                                                         home_h2d, row_bytes)
+            f = np.float64  # the cost model gets the numpy scalars it got from the arrays (same values)
+            out = self._links_memo[key] = self._links_of(f(ref_rank), f(unique), f(misses), f(n_rank), f(h2d),
+                                                         f(d2h), f(peer), home_h2d, row_bytes)
         return out
 
     def _links_of(self, ref_rank: float, unique: float, misses: float, n_rank: float, h2d: float, d2h: float,
@@ -486,7 +497,7 @@ class Engine:
         if ratios:
             copies = n_gpu if sysm.symmetric_ranks else 1
             reps, where = self._simulated_reps()
-            per_link = np.stack([rows[rep] for rep in reps])  # [rep, link, rank]
+            per_link = np.array([rows[rep] for rep in reps])  # [rep, link, rank] (np.stack's array, cheaper)
             per_rep = np.empty((len(reps), 5))
             per_rep[:, :3] = per_link[:, :, 0] if copies > 1 else per_link.sum(axis=2)  # (row sums, as each row's)
             per_rep[:, 3:] = [(ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all) for rep in reps]
@@ -497,7 +508,8 @@ class Engine:
             np.multiply(per_rep.take(where, axis=0), self._layer_col, out=terms[1:])
             if copies != 1:
                 terms[1:, :3] *= copies
-            link_rows[0], link_rows[1], link_rows[2], hits, unique = np.cumsum(terms, axis=0)[-1]  # in group order
+            # in group order (np.cumsum is this accumulate; called directly it skips the wrapper's dispatch)
+            link_rows[0], link_rows[1], link_rows[2], hits, unique = np.add.accumulate(terms, axis=0)[-1]
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_all * m.num_layers
         row = m.kv_bytes_per_token_layer

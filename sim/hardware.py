@@ -16,6 +16,7 @@ by the fit and by `hw validate`). simpy is imported lazily so the pure functions
 """
 from __future__ import annotations
 
+from heapq import heappop
 from types import MappingProxyType
 
 from sim.events import TraceRecorder
@@ -54,6 +55,52 @@ def skip_events(env, n: int) -> None:
     `simpy_events` stays the count of the per-rank simulation it stands for, and later events keep their ids."""
     if isinstance(env._eid, _Count):
         env._eid.n += n
+
+
+def _pop_spent_stops(env) -> None:
+    """Process the stop events earlier runs left at the head of the queue, as simpy's next step would: a run that
+    stops on its `until` event reschedules that event, callbacks spent, at priority -1 and the moment it stopped
+    (now); processing one only sets the clock to that moment, and nothing holds it."""
+    queue, now = env._queue, env._now
+    while queue and queue[0][1] == -1 and queue[0][0] == now and queue[0][3].callbacks == []:
+        heappop(queue)[3].callbacks = None
+
+
+def run_until(env, at: float) -> None:
+    """`env.run(until=at)`, in closed form when nothing else is scheduled at or before the moment simpy would stop:
+    simpy would schedule its stop event, pop it first, reschedule it spent (two event ids) and set the clock to
+    now + (at - now); this takes the two ids and sets the clock (no event objects). Otherwise simpy's own run."""
+    at = at if isinstance(at, int) else float(at)  # (as simpy takes it)
+    now = env._now
+    if not at > now:
+        env.run(until=at)  # (simpy's error)
+        return
+    _pop_spent_stops(env)
+    t = now + (at - now)
+    queue = env._queue
+    if queue and queue[0][0] <= t:
+        env.run(until=at)
+        return
+    next(env._eid)
+    next(env._eid)
+    env._now = t
+
+
+def run_for(env, delay: float) -> None:
+    """`env.run(until=env.timeout(delay))` (delay > 0), in closed form when nothing else is scheduled at or before
+    its end: the timeout's and its spent reschedule's event ids are taken and the clock set to now + delay."""
+    if not delay > 0:
+        env.run(until=env.timeout(delay))
+        return
+    _pop_spent_stops(env)
+    t = env._now + delay
+    queue = env._queue
+    if queue and queue[0][0] <= t:
+        env.run(until=env.timeout(delay))
+        return
+    next(env._eid)
+    next(env._eid)
+    env._now = t
 
 
 class Link:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from sim.hardware import Barrier, Node, skip_events
+from sim.hardware import Barrier, Node, run_for, run_until, skip_events
 
 PARTS = ("indexer_s", "allgather_s", "mgmt_s", "transfer_stall_s", "attention_s", "ffn_s", "collective_s",
          "draft_s", "overhead_s", "prefill_s")
@@ -89,6 +89,19 @@ class GroupWork:
     d2h_blocking: bool
     peer_after_h2d_bytes: float = 0.0  # peer fetches of rows promoted this step: start once the promotions are done
 
+    @classmethod
+    def of(cls, layers: int, compute: dict, links: dict) -> GroupWork:
+        """GroupWork(layers=layers, **compute, **links) without the frozen dataclass's per-field `__setattr__`
+        calls (the engine builds several per rank and step): the same attributes, so equal and hashed alike."""
+        w = object.__new__(cls)
+        d = w.__dict__
+        d["layers"] = layers
+        d.update(compute)
+        d.update(links)
+        if d.keys() != _FIELDS:  # a missing (defaulted) or unknown field: the dataclass's own way
+            return cls(layers=layers, **compute, **links)
+        return w
+
     def __hash__(self) -> int:
         """The fields' hash (as the dataclass would make it), computed once per object: the timer hashes a group's
         works on every rank, and ranks share objects."""
@@ -99,6 +112,9 @@ class GroupWork:
                       self.d2h_blocking, self.peer_after_h2d_bytes))  # (in field order: see the test)
             object.__setattr__(self, "_hash", h)
         return h
+
+
+_FIELDS = frozenset(GroupWork.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -175,7 +191,7 @@ class StepTimer:
                     env.run(until=all_of(env, procs))
                     last = max(barrier.arrivals + computed)
             elif last[0] > t0:
-                env.run(until=last[0])
+                run_until(env, last[0])
             crit = ranks.index(last[1])  # the group's time is its last-arriving rank's
             m = mult[g]
             for name, value in zip(PARTS, parts[crit]):
@@ -184,7 +200,7 @@ class StepTimer:
         tail = sum(epilogue.values())
         if tail > 0:
             t0 = env.now
-            env.run(until=env.timeout(tail))
+            run_for(env, tail)
             if self.recorder is not None and self.recorder.enabled:
                 for r in ranks:
                     self.recorder.span(f"gpu{r} compute", "draft+sample", t0, env.now)
@@ -193,7 +209,7 @@ class StepTimer:
         # deduplicated groups are counted, not re-simulated: move the clock to the step's modelled end
         skipped = elapsed - (env.now - start - tail)
         if skipped > 1e-15 and env.now + skipped > env.now:  # a sliver below the clock's resolution is no time
-            env.run(until=env.now + skipped)
+            run_until(env, env.now + skipped)
         return elapsed + tail, totals
 
     @staticmethod
@@ -319,7 +335,7 @@ class StepTimer:
             return None
         node.count(batches)
         skip_events(self.env, events - 1)  # less the one `run(until=end)` schedules itself
-        self.env.run(until=end)
+        run_until(self.env, end)
         return arrivals
 
     def _chain(self, r: int, after, nbytes: float, label: str):
