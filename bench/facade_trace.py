@@ -35,6 +35,7 @@ CONFIGS = {  # issue 10's replays (bench/scale_bench.py's batch1 / pinned sectio
     "b1-tp-h200-d0": _cfg("ulacache", "tp", "h200", 0, True),
     "b1-tp-h200-d4": _cfg("ulacache", "tp", "h200", 4, True),
     "b1-tp-b300-d0": _cfg("ulacache", "tp", "b300", 0, True),
+    "b1-tp-b300-d4": _cfg("ulacache", "tp", "b300", 4, True),
     "b1-dp-b300-d0": _cfg("ulacache", "dp", "b300", 0, True),
     "b1-hs-dp-b300-d0": _cfg("hisparse", "dp", "b300", 0, True),
     "b1-hs-dp-h200-d0": _cfg("hisparse", "dp", "h200", 0, True),

@@ -109,10 +109,14 @@ def test_scalar_paths_are_taken():
     assert c.be.scalar_updates
     c.alloc(0, 20)
     calls = []
+    take_one = c.policy.gpu.take_one
+    c.policy.gpu.take_one = lambda r: calls.append(r) or take_one(r)
+    c.alloc_many([0], [1])
+    assert calls == [0]  # water fill: the first of the ranks with the most free slots, one slot on ints
     take_few = c.policy.gpu._take_few
     c.policy.gpu._take_few = lambda counts: calls.append(list(counts)) or take_few(counts)
-    c.alloc_many([0], [1])
-    assert calls == [[1, 0, 0, 0]]  # water fill: the first of the ranks with the most free slots
+    c.alloc_many([0], [2])
+    assert calls == [0, [0, 1, 1, 0]]  # then the ranks left with the most
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

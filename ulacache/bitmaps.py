@@ -186,6 +186,15 @@ class BucketBitmaps:
         if slots.size:
             self._write(be, 0, slots, True)
 
+    def add_one(self, s: int) -> None:
+        """`add` of one slot (storage position s, an int): its bit, flag and counts set in place on ints."""
+        i = self.current
+        self.ring_bits[i, s >> 3] |= 1 << (s & 7)
+        self.ring_nz[i, s >> 6] = True
+        self.count[i] += 1
+        per_rank = self.current_per_rank
+        per_rank[0 if per_rank.size == 1 else s // max(self.pool.cap, 1)] += 1
+
     def eviction_order(self) -> list[tuple[str, int]]:
         """(kind, row) of the candidate bitmaps in eviction order: cold, then ages K .. 1."""
         return [("cold", -1)] + [("ring", self.row(self.epoch - age)) for age in range(self.num_recent, 0, -1)]

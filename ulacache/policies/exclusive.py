@@ -273,19 +273,18 @@ class ExclusivePolicy:
                 where = ": 0 slots free over all ranks" if tp else f" on rank {r}: 0 slots free"
                 raise CapacityError(f"cannot allocate 1 tokens{where}")
         addr = space.pop_one(r)
-        gc = np.zeros(R, dtype=np.int64)
         if on_gpu:
-            gc[r] = 1
-            gidx, _ = gpu.take_free(self.be, gc)
-            place = int(gpu.places(gidx)[0])
-            gpu.own[int(gidx[0])] = addr
+            g = gpu.take_one(r)
+            require(g >= 0, "a rank with free GPU slots has a free slot to take")
+            place = gpu.place_one(g)
+            gpu.own[g] = addr
             gpu.num_free[r] -= 1
+            self._on_alloc_one(g)
         else:
-            gidx = gc[:0]
             place = self.cpu.free[r].pop_few(1)[0]
             self.pending_d2h[r] += 1
-        gpu.touch(gidx, self._clock(self.step))
-        self._on_alloc(gidx)
+            gpu.touch(NO_INDICES, self._clock(self.step))  # (the clock may widen the stamps, as for a GPU token)
+            self._on_alloc(NO_INDICES)
         space.table[space.index_one(addr)] = place
         space.register_one(rid, space.request(rid, r if not tp else 0), addr)
         return np.array([addr], dtype=np.int64)
@@ -415,6 +414,12 @@ class ExclusivePolicy:
 
     def _on_alloc(self, gslots: np.ndarray) -> None:
         pass
+
+    def _on_alloc_one(self, g: int) -> None:
+        """A newly allocated GPU slot (storage position g, an int): its stamp and `_on_alloc`'s bookkeeping."""
+        idx = np.array([g], dtype=np.int64)
+        self.gpu.touch(idx, self._clock(self.step))
+        self._on_alloc(idx)
 
     def _touched_hits(self, hit_gidx: np.ndarray) -> np.ndarray:
         """The hits whose stamp the commit sets (after `_select`): all of them (lru: every touch is logged)."""

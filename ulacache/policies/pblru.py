@@ -96,6 +96,12 @@ class PbLruPolicy(ExclusivePolicy):
         self.buckets.add(self.be, gidx)
         self.inserted += int(gidx.size)
 
+    def _on_alloc_one(self, g):
+        """`_on_alloc` of one slot, on ints: its stamp is the epoch, and it joins the current bucket."""
+        self.gpu.touch_one(g, self.buckets.epoch)
+        self.buckets.add_one(g)
+        self.inserted += 1
+
     def _on_release(self, gidx):
         self.buckets.remove(self.be, gidx, self.gpu.stamp)
 
