@@ -83,9 +83,20 @@ class AddressSpace:
         self._next_index = 0
         self.num_allocated = 0
         self.listeners: list = []  # grow(old_layout) of tables laid out like the addresses (hisparse, buffer maps)
+        self._known = (None, None)  # (addresses, their storage positions) of the pending access batch (`remember`)
 
     def index(self, addrs: np.ndarray) -> np.ndarray:
+        if addrs is self._known[0]:  # the pending batch (the facade located it): no second pass
+            return self._known[1]
         return self.rows.index(addrs)
+
+    def remember(self, addrs: np.ndarray, ix: np.ndarray) -> None:
+        """Note the storage positions `ix` of an access batch's addresses (read-only arrays, kept unchanged until
+        `forget`): `index` of that very array returns them (the TP local buffers locate the batch again)."""
+        self._known = (addrs, ix)
+
+    def forget(self) -> None:
+        self._known = (None, None)
 
     @property
     def scratch(self) -> np.ndarray:
@@ -116,6 +127,7 @@ class AddressSpace:
         old = self.rows.grow(np.array(need, dtype=np.int64))
         if old is None:
             return
+        self.forget()  # storage positions change
         self.table = self.rows.relayout(self.table, old, -1)
         for grow in self.listeners:
             grow(old)

@@ -12,6 +12,14 @@ packs the flags and reads only the words they name, and rotation moves only the 
 raises its words' flags; a clear leaves them up (a flagged empty word yields no candidate, so searches are exact)
 and counts them, and the flags are recomputed once the cleared slots outnumber the words (amortized O(1) per write,
 no pass per search). Member counts per bucket let the search skip empty buckets.
+
+Hits that join the current bucket (`refresh`) are written lazily: the moved slots and their stamps before the move
+are kept (`pending`), and `flush` writes them all at once (one clear per tier, one set) before anything reads the
+bitmaps or the other buckets' counts (rotation, candidate search, removal, growth, snapshots, checks); the
+current bucket's counts (total and per rank, which the rotation rule reads every access) are kept at once. An epoch
+moves a slot at most once, so the pending slots (flushed at the latest by the next rotation) are at most one pool's
+worth, and the recency update of a batch without misses is a gather, a compare and a count instead of bitmap
+writes. Same bitmaps and counts.
 """
 from __future__ import annotations
 
@@ -37,9 +45,34 @@ class BucketBitmaps:
         # Members of the current bucket per rank, kept as it is written (the rotation rule reads them every access:
         # a popcount of the row each time cost more than the access's own bucket writes).
         self.current_per_rank = np.zeros(pool.R, dtype=np.int64)
+        self.pending: list = []  # (slots, their stamps before) moved into the current bucket, not yet written
+        self.num_pending = 0  # slots in `pending`
+        self._be = None  # the backend of the pending moves' writes
         pool.listeners.append(self._grow)
 
+    def flush(self) -> None:
+        """Write the pending moves (module docstring): the slots leave the buckets their stamps before the move put
+        them in (as `remove`; none is the current bucket) and their bits join the current bucket's (counted
+        already)."""
+        if not self.pending:
+            return
+        if len(self.pending) == 1:
+            slots, old = self.pending[0]
+        else:
+            slots, old = (np.concatenate(x) for x in zip(*self.pending))
+        self.pending, self.num_pending, be = [], 0, self._be
+        ages = np.subtract(self.epoch, old, dtype=np.int64)
+        np.clip(ages, 0, self.num_recent + 1, out=ages)
+        self._remove_ages(be, slots, ages)
+        i = self.current
+        cur, nz = self.ring_bits[i], self.ring_nz[i]
+        bitmap = be.to_numpy(be.bitmap_set(be.asarray(cur), be.asarray(slots)))
+        if bitmap is not cur:
+            self.ring_bits[i] = bitmap
+        nz[slots >> 6] = True
+
     def _grow(self, old: int) -> None:
+        self.flush()  # (storage positions change)
         rows = self.pool.rows
         self.ring_bits = rows.relayout_stacked(self.ring_bits, old, 0, 1 / 8)
         self.ring_nz = rows.relayout_stacked(self.ring_nz, old, False, 1 / 64)
@@ -57,11 +90,13 @@ class BucketBitmaps:
     def rank_counts(self, row: int) -> np.ndarray:
         """Members of ring row `row` per rank (a popcount of the row's storage, R rows of cap slots; the current
         row's are kept in `current_per_rank`)."""
+        self.flush()
         words = self.ring_bits[row].view("<u8").reshape(self.pool.R, -1)
         return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
 
     def rotate(self) -> None:
         """Open the next epoch: the oldest recent bucket joins the cold one and its row becomes the current bucket."""
+        self.flush()
         self.epoch += 1
         i = self.row(self.epoch)
         if self.count[i]:
@@ -131,7 +166,12 @@ class BucketBitmaps:
         """Take occupied slots (storage positions) out of whatever bucket their stamps put them in."""
         if slots.size == 0:
             return
+        self.flush()
         ages = be.to_numpy(be.bucket_of(be.asarray(stamps), be.asarray(slots), self.epoch, self.num_recent))
+        self._remove_ages(be, slots, ages)
+
+    def _remove_ages(self, be, slots: np.ndarray, ages: np.ndarray) -> None:
+        """`remove` of slots whose ages (epoch - stamp, clipped to 0 .. K + 1) are known."""
         per_age = np.bincount(ages, minlength=self.num_recent + 2)
         present = np.flatnonzero(per_age)
         if present.size == 1:
@@ -165,20 +205,28 @@ class BucketBitmaps:
 
     def refresh(self, be, slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
         """Move occupied slots (an access's hits) into the current bucket; those whose stamp is the current epoch are
-        in it already and are left alone (most hits, while an epoch lasts). Returns the slots moved."""
+        in it already and are left alone (most hits, while an epoch lasts). Returns the slots moved (their bucket
+        writes pending until `flush`; their stamps are the caller's to set)."""
         if slots.size == 0:
             return slots
         st = stamps.take(slots)
-        idx = np.flatnonzero(st != self.epoch)
+        idx = (st != self.epoch).nonzero()[0]
         moved = slots.take(idx)
-        if idx.size:
-            st = st.take(idx)
-            low = int(st.min())
-            if low == int(st.max()):  # one old stamp (often: the epoch before): one bucket, no per-slot ages
-                self._write(be, min(max(self.epoch - low, 0), self.num_recent + 1), moved, False)
+        n = idx.size
+        if n:
+            self.pending.append((moved, st.take(idx)))
+            self.num_pending += n
+            self._be = be
+            self.count[self.current] += n  # the current bucket's counts now, its bits at `flush`
+            per_rank = self.current_per_rank
+            if per_rank.size == 1:
+                per_rank[0] += n
+            elif n <= _FEW_SLOTS:
+                cap = max(self.pool.cap, 1)
+                for s in moved.tolist():
+                    per_rank[s // cap] += 1
             else:
-                self.remove(be, moved, stamps)
-            self.add(be, moved)
+                per_rank += np.bincount(self.pool.rank_of_idx(moved), minlength=per_rank.size)
         return moved
 
     def add(self, be, slots: np.ndarray) -> None:
@@ -196,7 +244,9 @@ class BucketBitmaps:
         per_rank[0 if per_rank.size == 1 else s // max(self.pool.cap, 1)] += 1
 
     def eviction_order(self) -> list[tuple[str, int]]:
-        """(kind, row) of the candidate bitmaps in eviction order: cold, then ages K .. 1."""
+        """(kind, row) of the candidate bitmaps in eviction order: cold, then ages K .. 1 (pending moves written:
+        `size` and `take` read them)."""
+        self.flush()
         return [("cold", -1)] + [("ring", self.row(self.epoch - age)) for age in range(self.num_recent, 0, -1)]
 
     def size(self, kind: str, row: int) -> int:
@@ -204,6 +254,7 @@ class BucketBitmaps:
 
     def take(self, be, kind: str, row: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Claim per rank the min(counts[r], members) lowest member slots of the bucket (summary-guided search)."""
+        self.flush()
         bitmap, nz = self._bits(kind, row)
         bm = be.asarray(bitmap)
         slots, found = be.select_first(bm, be.asarray(pack_summary(nz)), max(self.pool.cap, 64), be.asarray(counts))
@@ -216,11 +267,13 @@ class BucketBitmaps:
     @property
     def ring(self) -> np.ndarray:
         """Ring rows over the full GPU place layout (R * seg slots), dense copies (UlaCache.device_state)."""
+        self.flush()
         return np.stack([self.pool.dense(r, 0, 1 / 8) for r in self.ring_bits])
 
     @property
     def cold(self) -> np.ndarray:
         """Cold bitmap over the full GPU place layout, a dense copy (UlaCache.device_state)."""
+        self.flush()
         return self.pool.dense(self.cold_bits, 0, 1 / 8)
 
 

@@ -326,7 +326,7 @@ class ExclusivePolicy:
         if n_miss:
             gpu.reserve(m_counts)  # any storage growth before positions are taken
         hit_gidx = gpu.idx(hit_places)
-        dest_gidx = self._select(hit_gidx, m_counts, now)
+        dest_gidx = self._select(hit_gidx, m_counts, now, uniq)
         if not n_miss:  # nothing moves: the plan of a warm batch (move_src / move_dst: the plan's shared empties)
             plan.num_hits, plan.num_misses, plan.num_exchanges = int(n_hit), 0, 0
             plan.h2d_rows_per_rank = m_counts
@@ -409,7 +409,7 @@ class ExclusivePolicy:
         self._check_policy(alloc, places, on_gpu)
 
     # -- hooks for subclasses ------------------------------------------------------------------------------------------
-    def _select(self, hit_gidx, m_counts, now):  # -> dests (storage positions) grouped by rank in policy order
+    def _select(self, hit_gidx, m_counts, now, addrs):  # -> dests (storage positions) grouped by rank in policy order
         raise NotImplementedError
 
     def _on_alloc(self, gslots: np.ndarray) -> None:

@@ -38,26 +38,29 @@ class PbLruPolicy(ExclusivePolicy):
         self.epoch_volume = epoch_volume(cfg.num_ranks, cfg.gpu_slots, cfg.num_recent_buckets)
         self.inserted = 0  # slots inserted into the GPU pool during the current epoch
         self.moved_hits = np.zeros(0, dtype=np.int64)  # the last access's hits that changed bucket (`_select`)
+        self._home_starts = np.arange(cfg.num_ranks + 1, dtype=np.int64) * self.space.slots_per_rank
 
     def _clock(self, step):
         return self.buckets.epoch
 
-    def _ends_epoch(self, hit_gidx, m_counts, n_miss: int) -> bool:
-        """The rotation rule (module docstring), evaluated before the access's recency update (n_miss: m_counts'
-        sum)."""
+    def _ends_epoch(self, addrs) -> bool:
+        """The rotation rule (module docstring), evaluated before the access's recency update (addrs: the batch's
+        distinct addresses, ascending)."""
         b, slots = self.buckets, self.cfg.gpu_slots
         if self.inserted >= self.epoch_volume:
             return True
         cur = b.current_per_rank
-        if int(cur.max()) + hit_gidx.size + n_miss <= slots:  # no rank can run short (sufficient test)
+        if int(cur.max()) + addrs.size <= slots:  # no rank can run short (sufficient test: hits + misses)
             return False
-        h_counts = np.bincount(self.gpu.rank_of_idx(hit_gidx), minlength=m_counts.size)
-        return bool((cur + h_counts + m_counts > slots).any())
+        # Each address is a hit or a miss in its home rank's GPU pool, and homes are ascending address ranges: a
+        # rank's hits + misses are its addresses, counted by cutting the batch at the homes' first addresses.
+        cuts = addrs.searchsorted(self._home_starts)
+        return bool((cur + (cuts[1:] - cuts[:-1]) > slots).any())
 
-    def _select(self, hit_gidx, m_counts, now):
+    def _select(self, hit_gidx, m_counts, now, addrs):
         be, buckets = self.be, self.buckets
         n_miss = int(m_counts.sum())
-        if self._ends_epoch(hit_gidx, m_counts, n_miss):
+        if self._ends_epoch(addrs):
             buckets.rotate()
             self.gpu.fit_stamp(buckets.epoch)  # before bucket_of compares the clock with the stamps
             self.inserted = 0
@@ -65,25 +68,23 @@ class PbLruPolicy(ExclusivePolicy):
         self.moved_hits = buckets.refresh(be, hit_gidx, self.gpu.stamp)  # recency update: hits join the current bucket
         if not n_miss:  # a warm batch: no replacement slots
             return NO_INDICES
-        parts, founds = [], []
-        remaining = m_counts
-        if remaining.any():
-            slots, found = self.gpu.take_free(be, remaining)
-            parts.append(slots)
-            founds.append(found)
-            remaining = remaining - found
-        if remaining.any():
+        slots, found = self.gpu.take_free(be, m_counts)
+        parts, founds = [slots], [found]
+        left = n_miss - slots.size  # slots still to find (counted as an int: no reductions per bucket)
+        if left:
+            remaining = m_counts - found
             for kind, row in buckets.eviction_order():
-                if not remaining.any():
-                    break
                 if buckets.size(kind, row) == 0:
                     continue
                 slots, found = buckets.take(be, kind, row, remaining)
                 if slots.size:
                     parts.append(slots)
                     founds.append(found)
-                remaining = remaining - found
-            require(not remaining.any(), "capacity was checked before selection")
+                    remaining = remaining - found
+                    left -= slots.size
+                    if not left:
+                        break
+            require(not left, "capacity was checked before selection")
         dests = self._by_rank(parts, founds)
         buckets.add(be, dests)
         return dests
@@ -109,6 +110,7 @@ class PbLruPolicy(ExclusivePolicy):
         """Each occupied GPU slot sits in exactly the bucket its stamp (epoch) says; free slots in none; summaries
         current; no stamp ahead of the clock."""
         gpu, b, K, epoch = self.gpu, self.buckets, self.buckets.num_recent, self.buckets.epoch
+        b.flush()
         n = gpu.own.size
         member = np.zeros(n, dtype=np.int64)
         expect = np.full(n, -1, dtype=np.int64)
