@@ -69,7 +69,8 @@ class UlaCache:
         self._version = 0
         self._stats: Counter = Counter()
         self._row_bytes = cfg.effective_row_bytes
-        self._rows_key, self._rows_tables = None, None  # _row_tables' cache
+        self._rows_key, self._rows_tables, self._rows_lists = None, None, None  # _row_tables' cache (+ as lists)
+        self._home_starts = np.arange(cfg.num_ranks + 1, dtype=np.int64) * self.space.slots_per_rank
         self._no_peer_rows = np.zeros(cfg.num_ranks, dtype=np.int64)  # every plan's peer rows without TP buffers
         self._no_peer_rows.setflags(write=False)
 
@@ -125,6 +126,7 @@ class UlaCache:
             r = np.arange(rows.R, dtype=np.int64)
             self._rows_tables = (np.append(rows.offs[:-1] - r * rows.stride, 0),
                                  np.append(rows.offs[:-1] + rows.caps, 0))
+            self._rows_lists = tuple(t.tolist() for t in self._rows_tables)
             self._rows_key = rows.size
         return self._rows_tables
 
@@ -238,6 +240,7 @@ class UlaCache:
             uniq, ix, places, num_refs = self._translate_sorted(srt, lo)
         else:
             uniq, ix, places, num_refs = self._translate_marker(flat, lo, hi)
+        space.remember(uniq, ix)  # (the TP local buffers locate the batch again; forgotten at commit)
         if rank is not None and uniq.size:
             homes = self.space.home(uniq[[0, -1]])
             if homes[0] != rank or homes[1] != rank:
@@ -309,13 +312,19 @@ class UlaCache:
                 ix = a + sh
                 raise ValueError(f"selected holds unallocated address {int(a[np.flatnonzero(ix >= end[h0])[0]])}")
             return a + sh
+        # Several homes (TP): each home's addresses are one run of the ascending batch, so only each run's last
+        # (largest) address is checked against its row's end, and each run gets its row's shift: repeated per run
+        # (a small batch), or added by a slice (many addresses: in place, no per-address shift array). No per-address
+        # home (a division), shift and end gathers.
+        cuts = a.searchsorted(self._home_starts[h0 + 1:h1 + 1]).tolist()
+        sh, ends = self._rows_lists
         if a.size < _RUN_SHIFT_MIN:
-            return self._storage_index(a, "selected", allow_padding=False)
-        # Several homes (TP), many addresses: each home's addresses are one run of the ascending batch, so each run
-        # gets its row's shift by a slice, and only its last (largest) address is checked against its row's end: no
-        # per-address home, shift and end gathers.
-        cuts = a.searchsorted(np.arange(h0 + 1, h1 + 1, dtype=np.int64) * rows.stride).tolist()
-        sh, ends = shift.tolist(), end.tolist()
+            los, his = [0] + cuts, cuts + [a.size]
+            lens = [hi - lo for lo, hi in zip(los, his)]
+            last = a.take([hi - 1 for hi, n in zip(his, lens) if n]).tolist()
+            if any(x + sh[r] >= ends[r] for x, r in zip(last, [r for r, n in zip(range(h0, h1 + 1), lens) if n])):
+                return self._storage_index(a, "selected", allow_padding=False)  # raises, naming the first one
+            return a + shift[h0:h1 + 1].repeat(lens)
         ix = a + sh[h0]
         for r, lo, hi in zip(range(h0, h1 + 1), [0] + cuts, cuts + [a.size]):  # loop over home ranks
             if lo == hi:
@@ -346,6 +355,7 @@ class UlaCache:
         self.policy.commit(plan)
         if self.buffers is not None:
             self.buffers.commit(plan)
+        self.space.forget()
         plan.committed = True
         plan.layers_done = {0}
         self._pending, self._last = None, plan

@@ -23,6 +23,7 @@ FEW_SLOTS = 512  # take_free of at most this many slots runs in Python ints (num
 # 512 slots 190-320 us vs 260-460 us by select_first, 1024 slots 380-430 vs 230-270 us)
 _FEW_CHUNK_WORDS = 16  # _take_few reads a rank's bitmap words below high in chunks of 16, 64, 256, .. words
 _CHUNK = np.arange(_FEW_CHUNK_WORDS, dtype=np.int64)
+_FULL = (1 << 64) - 1
 GROW_FLOOR = 1024  # smallest storage row (slots or ids per rank)
 SMALL_ROW = 1 << 16  # rows shorter than this double when they grow
 HEADROOM = 8  # longer rows grow to need + need / HEADROOM
@@ -488,9 +489,9 @@ class Pool:
         return s, found
 
     def _take_few(self, counts: list) -> tuple[np.ndarray, np.ndarray]:
-        """`take_free` of a few slots (numpy backend) in Python ints, rank by rank (`_claim`): the lowest free
-        slots, what the backend's select_first returns, and the same state after (bitmap, summary, counters). The
-        first chunk of words of every rank with holes is read by one gather."""
+        """`take_free` of a few slots (numpy backend) in Python ints: per rank its lowest free slots (`_claim`),
+        what the backend's select_first returns, and the same state after (bitmap, summary, counters). The first
+        chunk of words of every rank asked is read by one gather; the counters are read and written once."""
         R, iu = self.R, self.in_use.tolist()
         if not any(counts) or min(iu) >= self.slots:  # nothing asked or nothing free
             return np.zeros(0, dtype=np.int64), np.zeros(R, dtype=np.int64)
@@ -498,18 +499,22 @@ class Pool:
             self.reserve(np.array(counts, dtype=np.int64))
         cap, high, low = self.cap, self.high.tolist(), self.low.tolist()
         words = self.free.view("<u8")
-        holes = [r for r, k in enumerate(counts) if k and iu[r] < high[r]]
-        first = {}
-        if len(holes) > 1:  # each rank's first chunk from its lowest free word, all at once
-            start = np.array([((r * cap) >> 6) + low[r] for r in holes], dtype=np.int64)
-            first = dict(zip(holes, words.take(np.add.outer(start, _CHUNK), mode="clip").tolist()))
+        ranks = [r for r, k in enumerate(counts) if k]
+        start = [((r * cap) >> 6) + low[r] for r in ranks]
+        first = words.take(np.add.outer(start, _CHUNK), mode="clip").tolist()  # each rank's words from its low
         out, found = [], [0] * R
-        for r, k in enumerate(counts):  # loop over ranks
-            if k:
-                got = self._claim(words, r, k, high[r], iu[r], low[r], first.get(r))
-                found[r] = len(got)
+        for r, a, chunk in zip(ranks, start, first):  # loop over ranks
+            got = self._claim(words, r, counts[r], a, chunk)
+            if got:
+                n = len(got)
+                found[r], iu[r] = n, iu[r] + n
+                lo = r * cap
+                last = got[-1] - lo
+                high[r] = max(high[r], last + 1)
+                low[r] = last >> 6
                 out += got
         self._cleared(len(out))
+        self.in_use[:], self.high[:], self.low[:] = iu, high, low
         return np.array(out, dtype=np.int64), np.array(found, dtype=np.int64)
 
     def take_one(self, r: int) -> int:
@@ -520,60 +525,54 @@ class Pool:
             extra = np.zeros(self.R, dtype=np.int64)
             extra[r] = 1
             self.reserve(extra)
-        got = self._claim(self.free.view("<u8"), r, 1, int(self.high[r]), iu, int(self.low[r]), None)
-        if got:
-            self._cleared(1)
-        return got[0] if got else -1
-
-    def _claim(self, words: np.ndarray, r: int, k: int, h: int, iu: int, lw: int, first: list | None) -> list:
-        """Claim (clear the free bits of) up to k lowest free slots of rank r (high h, in_use iu, low lw), storage
-        idx ascending, in Python ints: its holes (free slots below h, found by reading only the words from lw up
-        to h, in chunks growing x4: a take usually ends in the first words holding free bits; `first`: the first
-        chunk's values when read already), then fresh slots from h. Each word is written once, with all its bits
-        taken. Keeps in_use, high and low (not the summary count: callers call `_cleared`)."""
         lo = r * self.cap
-        got, need = [], k
-        if iu < h:
-            w0 = lo >> 6
-            a, end, step = w0 + lw, w0 + ((h + 63) >> 6), _FEW_CHUNK_WORDS
-            hw, hmask = w0 + (h >> 6), (1 << (h & 63)) - 1  # the word holding slot h: only its bits below h
-            while a < end:
-                b = min(a + step, end)
-                if first is not None:  # this chunk was read already
-                    ws, vals, first = range(a, b), first[:b - a], None
+        got = self._claim(self.free.view("<u8"), r, 1, (lo >> 6) + int(self.low[r]), None)
+        if not got:
+            return -1
+        last = got[0] - lo
+        self.in_use[r] = iu + 1
+        if last >= self.high[r]:
+            self.high[r] = last + 1
+        self.low[r] = last >> 6
+        self._cleared(1)
+        return got[0]
+
+    def _claim(self, words: np.ndarray, r: int, k: int, a: int, chunk: list | None) -> list:
+        """Claim (clear the free bits of) up to k lowest free slots of rank r, storage idx ascending, in Python
+        ints: the set bits of its free words from word `a` (its lowest free word; `chunk`: the values of the
+        first words from there when read already), read in chunks growing x4 (a take usually ends in the first
+        words holding free bits, the holes below high or the fresh slots from it: all free slots have their bit
+        set), up to the end of the rank's row. Each word is written once, with all its bits taken. The caller
+        keeps the counters."""
+        end = ((r + 1) * self.cap) >> 6
+        got, need, step = [], k, _FEW_CHUNK_WORDS
+        while a < end:
+            b = min(a + step, end)
+            if chunk is not None:  # this chunk was read already
+                ws, vals, chunk = range(a, b), chunk[:b - a], None
+            else:
+                part = words[a:b]
+                nz = part.nonzero()[0]
+                ws, vals = (nz + a).tolist(), part.take(nz).tolist()
+            for w, v in zip(ws, vals):
+                if not v:
+                    continue
+                base = w << 6
+                if v == _FULL and need >= 64:  # a whole free word (fresh slots)
+                    got += range(base, base + 64)
+                    words[w] = 0
+                    need -= 64
                 else:
-                    chunk = words[a:b]
-                    nz = chunk.nonzero()[0]
-                    ws, vals = (nz + a).tolist(), chunk.take(nz).tolist()
-                for w, v in zip(ws, vals):
-                    if not v:
-                        continue
-                    avail = v & hmask if w == hw else v
-                    base, taken = w << 6, 0
-                    while avail and need:
-                        bit = avail & -avail
-                        avail ^= bit
-                        taken |= bit
+                    left = v
+                    while left and need:
+                        bit = left & -left
+                        left ^= bit
                         got.append(base + bit.bit_length() - 1)
                         need -= 1
-                    if taken:
-                        words[w] = v ^ taken
-                    if not need:
-                        break
+                    words[w] = left
                 if not need:
-                    break
-                a, step = b, step * 4
-        fresh = min(need, self.slots - h)
-        if fresh > 0:  # slots [high, high + fresh): all free
-            s0, s1 = lo + h, lo + h + fresh
-            got += range(s0, s1)
-            for w in range(s0 >> 6, ((s1 - 1) >> 6) + 1):  # loop over the words they span
-                a, b = max(s0, w << 6) & 63, min(s1 - (w << 6), 64)
-                words[w] = int(words[w]) & ~(((1 << (b - a)) - 1) << a)
-            self.high[r] = h + fresh
-        if got:  # the lowest free slots were taken: none is free below the last
-            self.low[r] = (got[-1] - lo) >> 6
-            self.in_use[r] = iu + len(got)
+                    return got
+            a, step = b, step * 4
         return got
 
     def _take_fresh(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

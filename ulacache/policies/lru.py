@@ -13,7 +13,7 @@ class LruPolicy(ExclusivePolicy):
     name = "lru"
     exact_lru = True
 
-    def _select(self, hit_gidx, m_counts, now, addrs):
+    def _select(self, hit_gidx, m_counts, n_miss, now, addrs):
         dests, found = self.gpu.select_free_then_lru(self.be, m_counts, hit_gidx)  # this batch's hits are protected
         require((found == m_counts).all(), "capacity was checked before selection")
         return dests

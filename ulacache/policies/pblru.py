@@ -38,7 +38,6 @@ class PbLruPolicy(ExclusivePolicy):
         self.epoch_volume = epoch_volume(cfg.num_ranks, cfg.gpu_slots, cfg.num_recent_buckets)
         self.inserted = 0  # slots inserted into the GPU pool during the current epoch
         self.moved_hits = np.zeros(0, dtype=np.int64)  # the last access's hits that changed bucket (`_select`)
-        self._home_starts = np.arange(cfg.num_ranks + 1, dtype=np.int64) * self.space.slots_per_rank
 
     def _clock(self, step):
         return self.buckets.epoch
@@ -57,9 +56,8 @@ class PbLruPolicy(ExclusivePolicy):
         cuts = addrs.searchsorted(self._home_starts)
         return bool((cur + (cuts[1:] - cuts[:-1]) > slots).any())
 
-    def _select(self, hit_gidx, m_counts, now, addrs):
+    def _select(self, hit_gidx, m_counts, n_miss, now, addrs):
         be, buckets = self.be, self.buckets
-        n_miss = int(m_counts.sum())
         if self._ends_epoch(addrs):
             buckets.rotate()
             self.gpu.fit_stamp(buckets.epoch)  # before bucket_of compares the clock with the stamps
