@@ -475,7 +475,23 @@ class Engine:
 
     def _advance(self, run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draw each request's accepted tokens, grow the histories; returns (accepted, finished requests)."""
-        acc = self.accept_len[self.accept_cdf.searchsorted(self.rng.random(len(run)), side="right")]
+        if self.accept_len.size == 1:  # one outcome (no draft tokens): every draw picks it, and the draws feed nothing else
+            acc = np.ones(len(run), self.accept_len.dtype)
+        else:
+            acc = self.accept_len[self.accept_cdf.searchsorted(self.rng.random(len(run)), side="right")]
+        if len(run) == 1:  # batch size 1: the same bookkeeping on scalars
+            i = int(run[0])
+            a = min(int(acc[0]), int(self.out[i] - self.generated[i]))
+            acc = np.array([a], acc.dtype)
+            self.generated[i] += a
+            self.hist[i] += a
+            self.dsteps[i] += 1
+            if self.runner is not None:
+                self.runner.grow([int(self.rid[i])], acc)
+            if self.generated[i] < self.out[i]:
+                return acc, run[:0]
+            self.finish_s[i] = self.env.now
+            return acc, run
         acc = np.minimum(acc, self.out[run] - self.generated[run])
         self.generated[run] += acc
         self.hist[run] += acc

@@ -245,6 +245,7 @@ class PolicyRunner:
         self.prompt_rows = 0.0
         self.prompt_rows_own = 0.0
         self.pilot_log: list[tuple] = []  # (rids, hist, steps, q) of the pilot's steps, when it runs coarser
+        self._tp_per_rank: dict = {}  # TP: a step's references per rank -> `_divisors` of them
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -379,13 +380,17 @@ class PolicyRunner:
             s_steps = steps[sel_idx]
         num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
         per_req_refs = q * np.minimum(s_hist, self.cfg.model.top_k).astype(float)
-        if self.system.tp:
-            ref_rank = np.full(num_ranks, per_req_refs.sum())
+        if self.system.tp:  # every rank sees every reference: one value, the same step after step at a fixed batch
+            total = per_req_refs.sum()
+            per_rank = self._tp_per_rank.get(total)
+            if per_rank is None:
+                ref_rank = np.full(num_ranks, total)
+                if len(self._tp_per_rank) > 4096:
+                    self._tp_per_rank.clear()
+                per_rank = self._tp_per_rank[total] = self._divisors(ref_rank)
         else:  # in admission order, as one add per request
             ranks = np.array([sampled[r] for r in sids], dtype=np.int64)
-            ref_rank = np.bincount(ranks, weights=per_req_refs, minlength=num_ranks)
-        idle = ref_rank <= 0
-        per_rank = (np.maximum(ref_rank, 1.0), idle, bool(idle.any()))  # what _ratios divides by, once per step
+            per_rank = self._divisors(np.bincount(ranks, weights=per_req_refs, minlength=num_ranks))
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         out = {}
@@ -421,6 +426,16 @@ class PolicyRunner:
                     self._resample(rids, hist, spaces, rid_ranks)
                 release_memory()
         return self.last
+
+    @staticmethod
+    def _divisors(ref_rank: np.ndarray) -> tuple:
+        """What `_ratios` divides by, once per step: (max(ref_rank, 1), ranks without references, whether any),
+        read-only (TP keeps it for the next steps)."""
+        idle = ref_rank <= 0
+        top = np.maximum(ref_rank, 1.0)
+        top.setflags(write=False)
+        idle.setflags(write=False)
+        return top, idle, bool(idle.any())
 
     def _selections(self, rids: np.ndarray, hist: np.ndarray, steps: np.ndarray, q: int):
         """(group, selections) of every simulated group: a few groups per source call when the source can select
