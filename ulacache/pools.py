@@ -427,6 +427,8 @@ class Pool:
 
     def reserve(self, extra: np.ndarray) -> None:
         """Grow storage so that `extra[r]` more slots of each rank can be taken lowest-first."""
+        if self.cap == self.seg:
+            return
         need = min(int((self.in_use + extra).max()), self.seg)
         if need <= self.cap:
             return
@@ -503,8 +505,18 @@ class Pool:
         start = [((r * cap) >> 6) + low[r] for r in ranks]
         first = words.take(np.add.outer(start, _CHUNK), mode="clip").tolist()  # each rank's words from its low
         out, found = [], [0] * R
+        wpr = cap >> 6  # words per rank
         for r, a, chunk in zip(ranks, start, first):  # loop over ranks
-            got = self._claim(words, r, counts[r], a, chunk)
+            k, v = counts[r], chunk[0]
+            if v != _FULL and k <= v.bit_count() and a < (r + 1) * wpr:  # (most takes) the lowest free word suffices
+                got, base = [], a << 6
+                for _ in range(k):
+                    bit = v & -v
+                    v ^= bit
+                    got.append(base + bit.bit_length() - 1)
+                words[a] = v
+            else:
+                got = self._claim(words, r, k, a, chunk)
             if got:
                 n = len(got)
                 found[r], iu[r] = n, iu[r] + n
