@@ -151,3 +151,16 @@ def test_take_few_matches_array_path_on_large_pools(seed, ranks, want):
              [pools[1].free, pools[1].in_use, pools[1].high, pools[1].low])
         words = pools[0].free.view("<u8").reshape(ranks, -1)  # no free slot below a rank's lowest free word
         assert not (words.astype(bool) & (np.arange(words.shape[1]) < pools[0].low[:, None])).any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=9), st.integers(0, 50))
+def test_tp_token_runs_match_interleave(quota, offset):
+    """A TP allocation writes each rank's tokens by strided runs (`_runs`): the positions `interleave` gives it."""
+    from ulacache.policies.exclusive import _runs, interleave
+
+    seq = interleave(np.array(quota, dtype=np.int64))
+    runs = _runs(quota, offset)
+    for r in range(len(quota)):
+        pos = [p for sl in runs[r] for p in range(sl.start, sl.stop, sl.step)]
+        assert pos == (np.flatnonzero(seq == r) + offset).tolist()

@@ -54,6 +54,21 @@ def _fill_few(free: list, n: int) -> list:
     return take
 
 
+def _runs(quota: list, offset: int) -> list:
+    """Per rank, the positions (+ offset) `interleave(quota)` gives it, as ascending strided slices: between two
+    consecutive quota levels the ranks still taking turns are fixed, so each takes every m-th position of that
+    stretch (m of them)."""
+    out = [[] for _ in quota]
+    pos, prev = offset, 0
+    for level in sorted({q for q in quota if q > 0}):  # loop over distinct quotas (a few)
+        active = [r for r, q in enumerate(quota) if q >= level]
+        m, rounds = len(active), level - prev
+        for j, r in enumerate(active):
+            out[r].append(slice(pos + j, pos + m * rounds, m))
+        pos, prev = pos + m * rounds, level
+    return out
+
+
 def _interleave_few(quota: list) -> list:
     """`interleave` as a list (a few items)."""
     return [r for k in range(max(quota, default=0)) for r, q in enumerate(quota) if q > k]
@@ -132,9 +147,7 @@ class ExclusivePolicy:
                 raise CapacityError(f"cannot allocate {n} tokens: {int(gfree.sum() + cfree.sum())} slots free over all ranks")
             g_take = water_fill(gfree, min(n, int(gfree.sum())))
             c_take = water_fill(cfree, n - int(g_take.sum()))
-            tok_rank = np.concatenate([interleave(g_take), interleave(c_take)])
-            tok_gpu = np.arange(n) < g_take.sum()
-            per_rank = np.bincount(tok_rank, minlength=R)
+            return self._alloc_tp(request_ids, counts, g_take.tolist(), c_take.tolist())
         else:
             per_rank = np.bincount(ranks, weights=counts, minlength=R).astype(np.int64)
             short = np.flatnonzero(per_rank > gfree + cfree)
@@ -187,6 +200,49 @@ class ExclusivePolicy:
         for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
             req = self.space.request(rid, int(ranks[i]) if not tp else 0)
             self.space.register(rid, req, addrs[offsets[i]:offsets[i + 1]])
+        return addrs
+
+    def _alloc_tp(self, request_ids: list[int], counts: np.ndarray, g_take: list, c_take: list) -> np.ndarray:
+        """`alloc_many` in TP once the GPU and CPU tokens per rank are known: tokens i < sum(g_take) go to the GPU
+        tiers, ranks taking turns (`interleave`: each rank's tokens are a few strided runs of positions, `_runs`),
+        the others to the CPU tiers likewise; each rank's tokens take its next addresses in token order. Written by
+        strided slices per rank: no per-token rank array, no sort by rank."""
+        R, gpu, space = self.cfg.num_ranks, self.gpu, self.space
+        n, ng = int(counts.sum()), sum(g_take)
+        space.reserve([g + c for g, c in zip(g_take, c_take)])  # one re-layout of the address tables
+        addrs = np.empty(n, dtype=np.int64)
+        places = np.empty(n, dtype=np.int64)
+        g_counts = np.array(g_take, dtype=np.int64)
+        gidx, _ = gpu.take_free(self.be, g_counts)  # grouped by rank
+        gplaces = gpu.places(gidx)
+        own, spr = gpu.own, space.slots_per_rank
+        g_runs, c_runs = _runs(g_take, 0), _runs(c_take, ng)
+        o = 0
+        for r in range(R):  # loop over ranks
+            g, c = g_take[r], c_take[r]
+            if not g + c:
+                continue
+            ids = space.pop_ids(r, g + c)
+            rp = np.empty(g + c, dtype=np.int64)  # the rank's places in id order
+            rp[:g] = gplaces[o:o + g]
+            own[gidx[o:o + g]] = ids[:g]
+            o += g
+            if c:
+                rp[g:] = self.cpu.free[r].pop(c)
+                self.pending_d2h[r] += c
+            i = 0
+            for sl in g_runs[r] + c_runs[r]:  # loop over the rank's runs (a few)
+                k = len(range(sl.start, sl.stop, sl.step))
+                addrs[sl] = ids[i:i + k]
+                places[sl] = rp[i:i + k]
+                i += k
+            space.table[ids + (int(space.rows.offs[r]) - r * spr if not space.rows.identity else 0)] = rp
+        gpu.num_free -= g_counts
+        gpu.touch(gidx, self._clock(self.step))
+        self._on_alloc(gidx)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
+            space.register(rid, space.request(rid, 0), addrs[offsets[i]:offsets[i + 1]])
         return addrs
 
     def alloc_one(self, rid: int, count: int, rank: int, tp: bool) -> np.ndarray:
