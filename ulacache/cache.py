@@ -137,9 +137,10 @@ class UlaCache:
         return places
 
     def _check_allocated(self, addrs: np.ndarray, places: np.ndarray, what: str) -> None:
+        if not places.size or int(places.min()) >= 0:  # one reduction; the scan only to name the first one
+            return
         bad = np.flatnonzero(places < 0)
-        if bad.size:
-            raise ValueError(f"{what} holds unallocated address {int(addrs[bad[0]])}")
+        raise ValueError(f"{what} holds unallocated address {int(addrs[bad[0]])}")
 
     def _rank(self, rank, what: str = "rank") -> int:
         r = _int_scalar(rank, what)
@@ -293,8 +294,7 @@ class UlaCache:
         s = s.astype(np.int64, copy=False)
         ix = self._sorted_index(s) if s.size else s
         places = self.space.table.take(ix)  # take: no fancy-index set-up
-        if places.size and int(places.min()) < 0:  # one reduction; the scan names the first unallocated address
-            self._check_allocated(s, places, "selected")
+        self._check_allocated(s, places, "selected")
         return s, ix, places, n - pads
 
     def _sorted_index(self, a: np.ndarray) -> np.ndarray:

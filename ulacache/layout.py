@@ -53,9 +53,10 @@ class PlaceLayout:
             lo, hi = int(p.min()), int(p.max())
             t = int(lo >= self.cpu_base) + int(lo >= self.buffer_base)
             if lo >= 0 and t == int(hi >= self.cpu_base) + int(hi >= self.buffer_base):
-                d, seg = p - bases[t], segs[t]
+                d, seg = (p - bases[t]) if bases[t] else p, segs[t]
                 rank = d // seg
-                slot = d - rank * seg
+                slot = rank * seg
+                np.subtract(d, slot, out=slot)  # (in place: one temporary less on a prompt's places)
                 return np.full(shape, t, dtype=np.int8), rank.reshape(shape), slot.reshape(shape)
         tier = (p >= self.cpu_base).view(np.int8) + (p >= self.buffer_base).view(np.int8)
         base = np.array(bases, dtype=np.int64).take(tier)
