@@ -205,7 +205,7 @@ class AddressSpace:
         ix = self.index(addrs)
         self.table[ix] = -1
         homes = self.home(addrs)
-        for r in np.unique(homes).tolist():  # loop over ranks
+        for r in np.flatnonzero(np.bincount(homes, minlength=self.num_ranks)).tolist():  # loop over ranks
             self.ids[r].push(addrs[homes == r])
         self.num_allocated -= addrs.size
         return addrs

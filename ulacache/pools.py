@@ -619,9 +619,18 @@ class Pool:
             return
         self.own[idx] = -1
         self._write_free(be, idx, True)
-        rank = self.rank_of_idx(idx)
-        self.in_use -= np.bincount(rank, minlength=self.R)
-        np.minimum.at(self.low, rank, (idx - rank * self.cap) >> 6)  # a hole below the lowest free word known
+        cap = max(self.cap, 1)
+        rank = idx // cap
+        counts = np.bincount(rank, minlength=self.R)
+        self.in_use -= counts
+        # A hole below the lowest free word known: each rank's lowest slot freed (slots grouped by rank, as a
+        # request's copies in the TP local buffers are: by one reduceat; else by ufunc.at).
+        if rank.size == 1 or not (rank[1:] < rank[:-1]).any():
+            r = np.flatnonzero(counts)
+            first = np.minimum.reduceat(idx, (np.cumsum(counts) - counts).take(r))
+            self.low[r] = np.minimum(self.low.take(r), (first - r * cap) >> 6)
+        else:
+            np.minimum.at(self.low, rank, (idx - rank * cap) >> 6)
 
     def place_one(self, i: int) -> int:
         """`places` of one storage position, as an int."""
@@ -729,11 +738,13 @@ class CpuPools:
         return (places - self.base) // max(self.slots, 1)
 
     def release(self, places: np.ndarray) -> None:
-        ranks = self.rank_of(places)
         if self.num_ranks == 1:
             self.free[0].push(places)
             return
-        for r in np.unique(ranks).tolist():  # loop over ranks
+        if not places.size:
+            return
+        ranks = self.rank_of(places)
+        for r in np.flatnonzero(np.bincount(ranks, minlength=self.num_ranks)).tolist():  # loop over ranks
             self.free[r].push(places[ranks == r])
 
 
