@@ -10,11 +10,12 @@ address-major table while the addresses in use keep it under slot_map.DENSE_LIMI
 ranks looked up at once. The slots live in a `pools.Pool` (storage grows with the copies held); the LRU order is a
 `lru_log.StampLog` of the access batches' addresses with one last-access stamp per address (every rank touches
 every address of a batch not homed on it), so a selection reads the oldest batches, not the whole buffer.
-The work is mostly random reads and writes of large tables, so each is done once per address where it can be: a
-plan keeps the map rows it reads (the batch's, the victims'), changes its own copies of them, and its commit
-writes them back whole (dense maps: one write per address, not per rank and key; a batch with fewer misses than
-addresses sets their cells instead). The maps are the authority on
-which address a slot holds: the pool's owner table is written from them when `check` reads it.
+The work is mostly random reads and writes of large tables, so each is done once per address where it can be: the
+hits come from the stamp log's per-address stamps and per-rank fronts (lru_log.StampLog.lookup: a rank holds every
+address last touched after its front and none before), so the maps are read only for the few addresses last
+touched at a front and for the victims' batches; a plan keeps the victims' rows it read, changes its own copies of
+them, and its commit writes them back whole, then sets the misses' cells. The maps are the authority on which
+address a slot holds: the pool's owner table is written from them when `check` reads it.
 """
 from __future__ import annotations
 
@@ -28,9 +29,6 @@ from .lru_log import StampLog
 from .plan import Plan
 from .pools import Pool, merge_by_rank
 
-FILL_MIN_MISSES_PER_ADDRESS = 1  # a batch's rows are written back whole (`fill`) from this many misses per address
-
-
 def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.nonzero of a 2-D mask with few rows (row-major order), through flatnonzero (2-D nonzero is ~4x slower)."""
     flat = np.flatnonzero(mask)
@@ -40,15 +38,22 @@ def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class _BufState:
-    miss_addrs: np.ndarray  # grouped by rank
-    miss_idx: np.ndarray  # their indices into the batch
+    addrs: np.ndarray  # the batch's addresses
+    miss_idx: np.ndarray  # the misses' indices into the batch, grouped by rank
     counts: np.ndarray  # misses per rank
-    miss_rank: np.ndarray  # receiving rank of each miss
     dests: np.ndarray  # buffer-local places
-    dest_idx: np.ndarray  # pool storage positions of the dests
     uix: np.ndarray  # the batch's address-storage positions
-    writes: list  # map writes at commit (slot_map `drop`s of the victims, then the `fill` of the misses)
-    fill: bool  # whether `writes` inserts the misses (else they are inserted key by key)
+    writes: list  # map writes at commit before the misses go in (slot_map `drop`s of the victims)
+
+    @property
+    def miss_addrs(self) -> np.ndarray:
+        """The misses' addresses, grouped by rank, ascending within a rank."""
+        return self.addrs.take(self.miss_idx)
+
+    @property
+    def miss_rank(self) -> np.ndarray:
+        """The receiving rank of each miss."""
+        return np.repeat(np.arange(self.counts.size, dtype=np.int64), self.counts)
 
 
 class LocalBuffers:
@@ -100,48 +105,45 @@ class LocalBuffers:
         be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
         bounds = self.check_fits(uniq)  # homes
         uix = self.space.index(uniq)
-        h_counts, miss_idx, counts, rows = self.maps.remote(uniq, uix, bounds)
-        miss_rank = np.repeat(np.arange(R, dtype=np.int64), counts)
-        miss_addrs = uniq.take(miss_idx)  # grouped by rank, ascending within a rank
+        log = self.log
+        if log.stamps and log.stamps[-1] >= plan.now:  # a batch of this stamp is logged (its hits may be victims
+            h_counts, miss_idx, counts, _ = self.maps.remote(uniq, uix, bounds)  # of this selection): the maps
+            log.stamp(uix, plan.now)
+        else:  # the stamps tell the copies held (lru_log.StampLog.lookup)
+            h_counts, miss_idx, counts = log.lookup(uniq, uix, bounds, plan.now, self.maps)
         pool.reserve(counts)  # any storage growth before positions are taken
-        if self.log.stamps and self.log.stamps[-1] == plan.now:  # a batch of this stamp is logged: the victims'
-            rows = None  # rows may be the batch's own, so its misses are inserted key by key after the drops
-        elif miss_idx.size * FILL_MIN_MISSES_PER_ADDRESS < uniq.size:  # few misses (batch size 1, b300: most steps
-            rows = None  # miss a handful): their cells are set at commit, not every row of the batch written back
-        self.log.stamp(uix, plan.now)  # the batch's hits are no victims of this selection
         s0, f0 = pool.take_free(be, counts)
         self._pending_claims = int(f0.sum())
         rest = counts - f0
         writes = []
+        dests = pool.places(s0)
         if rest.any():
-            got, found, writes = self.log.select(rest, self.maps)
-            dest_idx = merge_by_rank([s0, got], [f0, found])
-        else:
-            dest_idx = s0
-        self.log.append(uix, plan.now, h_counts + counts)
-        dests = pool.places(dest_idx)
+            got, found, writes = log.select(rest, self.maps)
+            dests = merge_by_rank([dests, got], [f0, found])
+        log.append(uix, plan.now, h_counts + counts)
+        n0, n = plan.move_src.size, miss_idx.size
         # The fetch reads the entry where it is now (its CPU place if it is being promoted: the same bytes).
-        src = old_places.take(miss_idx)
+        move_src = np.empty(n0 + n, dtype=np.int64)
+        move_src[:n0] = plan.move_src
+        move_src[n0:] = old_places.take(miss_idx)
+        move_dst = np.empty(n0 + n, dtype=np.int64)
+        move_dst[:n0] = plan.move_dst
+        np.add(dests, self.base, out=move_dst[n0:])
         plan.num_local_hits = int(h_counts.sum())
-        plan.num_peer_fetches = int(miss_addrs.size)
+        plan.num_peer_fetches = int(n)
         plan.peer_rows_per_rank = counts
-        plan.move_src = np.concatenate([plan.move_src, src])
-        plan.move_dst = np.concatenate([plan.move_dst, self.base + dests])
-        if rows is not None:  # the batch's rows with the misses in (a copy: the maps change at commit)
-            writes.append(self.maps.fill(uix, rows, miss_rank, miss_idx, dests - miss_rank * self.seg))
-        plan.buffer_state = _BufState(miss_addrs, miss_idx, counts, miss_rank, dests, dest_idx, uix, writes,
-                                      rows is not None)
+        plan.move_src, plan.move_dst = move_src, move_dst
+        plan.buffer_state = _BufState(uniq, miss_idx, counts, dests, uix, writes)
 
     def commit(self, plan: Plan) -> None:
         st = plan.buffer_state
         # All ranks at once (each rank's row of the maps is its own): victims out, then the misses in (a rank's
         # victim is never one of its misses). The rows a plan read are unchanged until its commit (no access, alloc
-        # or free runs in between) and the victims' rows are not the batch's (their last stamp is older), so both
-        # are written back whole.
-        for change in st.writes:  # loop over the batches the selection read, then this batch
+        # or free runs in between), so the victims' rows are written back whole.
+        for change in st.writes:  # loop over the batches the selection read
             self.maps.write(change)
-        if not st.fill:
-            self.maps.set(st.miss_rank, st.miss_addrs, st.dests - st.miss_rank * self.seg, st.uix.take(st.miss_idx))
+        self.maps.insert_grouped(st.uix.take(st.miss_idx), st.counts, None if self.maps.by_index else st.miss_addrs,
+                                 st.dests, self.seg)
         self._pending_claims = 0
         self._owners_stale = True  # the new copies' slots in the pool's owner table: at the next `_sync_owners`
 
@@ -169,7 +171,8 @@ class LocalBuffers:
         r, i, places = self._held(addrs)
         idx = self.pool.idx(places)
         self.pool.give_back(self.be, idx)
-        self.maps.delete(r, addrs.take(i))  # their log entries are no candidates
+        self.maps.delete(r, addrs.take(i))
+        self.log.forget(self.space.index(addrs))  # held nowhere now: their log entries are no candidates
 
     def slots_of(self, addrs: np.ndarray, r: int) -> np.ndarray:
         """Rank r's buffer slot of each address, -1 where it holds no copy."""
@@ -202,6 +205,14 @@ class LocalBuffers:
             require(np.array_equal(vals, occ[sel][order] - r * self.seg), "local-buffer map slots disagree")
         held = np.unique(owners)
         self.log.check(require, self.space.index(held))
+        last, front = self.log.last, self.log.front
+        for r in range(self.R):  # loop over ranks: the copies held are those `lookup` reads from the stamps
+            keys, _ = self.maps.items(r)
+            require((last.take(self.space.index(keys)) >= front[r]).all(), "a local buffer holds a copy older than its "
+                    "front")
+            touched = self.space.rows.ids(np.flatnonzero(last > front[r]))
+            touched = touched[touched // self.slots_per_rank != r]
+            require(np.isin(touched, keys).all(), "a rank lacks a copy of an address touched after its front")
 
 
 __all__ = ["LocalBuffers"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import slot_map
+
 REBUILD_FLOOR = 1024  # logged entries per rank allowed beyond twice its occupied slots before a rebuild
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -217,8 +219,8 @@ class StampLog:
     laid out like the address space), not one per rank and slot. Batch k's address a is live while last[a] == k,
     and a victim candidate of rank r while r holds a copy of it. A selection reads batches oldest first: per rank
     the candidates in slot order, the first need[r] taken -- per rank the smallest (stamp, slot), what a scan of
-    the occupied slots not touched by the batch gives. The caller stamps the batch (`stamp`) before selecting
-    (its hits are then no candidates) and logs it (`append`) after. Reading a batch drops its addresses gone dead
+    the occupied slots not touched by the batch gives. The caller looks the batch up (`lookup`, which stamps it:
+    its hits are then no candidates) before selecting and logs it (`append`) after. Reading a batch drops its addresses gone dead
     or held nowhere; `left[k][r]` bounds the candidates batch k still has for rank r, so a selection skips batches
     without any for the ranks that need victims (per-rank fronts) and a batch is dropped once it has none. A log
     entry is an address per batch (the pinned-keys TP replay: ~18k per batch, where one per rank and slot touched
@@ -234,6 +236,11 @@ class StampLog:
         self.left: list[np.ndarray] = []  # per batch: candidates left per rank (an upper bound)
         self.size = 0
         self.limit = 0  # size that triggers a compaction
+        # Per rank the newest batch it took victims from (0: none yet). Victims go oldest batch first, so a rank holds
+        # no copy of an address last touched before its front and every copy of one touched after it (every rank
+        # takes in every address of a batch not homed on it): `lookup` reads hits from the stamps, the maps only
+        # for addresses last touched at a front.
+        self.front = np.zeros(pool.R, dtype=self.last.dtype)
         space.listeners.append(self._grow)
 
     def _grow(self, old) -> None:
@@ -249,6 +256,28 @@ class StampLog:
     def stamp(self, ix: np.ndarray, stamp: int) -> None:
         """Addresses (storage positions `ix`) touched by the batch `stamp` (> every stamp logged)."""
         self.last[ix] = stamp
+
+    def forget(self, ix: np.ndarray) -> None:
+        """Addresses (storage positions `ix`) freed: no rank holds a copy (their log entries die)."""
+        self.last[ix] = 0
+
+    def lookup(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int], stamp: int, maps):
+        """Every rank's look-up of the ascending batch `addrs` (storage positions `ix`) but its own homes
+        (addrs[bounds[r]:bounds[r + 1]]), which it then stamps (`stamp` > every stamp logged): (hits per rank, miss
+        indices into addrs grouped by rank, ascending within a rank, misses per rank). Rank r holds a copy of an
+        address last touched after front[r] and none of one touched before; the maps (`rank_major`) are read only
+        for the addresses last touched at a front."""
+        old = self.last.take(ix)
+        self.last[ix] = stamp
+        front = self.front
+        absent = old <= front[:, None]  # (R, U): no copy
+        for f in np.unique(front[front > 0]).tolist():  # loop over distinct fronts (a few): copies there by the maps
+            cols = np.flatnonzero(old == f)
+            if cols.size:
+                rs = np.flatnonzero(front == f)
+                held = maps.rank_major(None if maps.by_index else addrs.take(cols), ix.take(cols))
+                absent[np.ix_(rs, cols)] = held.take(rs, axis=0) == 0
+        return slot_map.misses_by_rank(absent, bounds)
 
     def append(self, ix: np.ndarray, stamp: int, counts: np.ndarray) -> None:
         """Log the batch `stamp`'s addresses (storage positions `ix`, ascending; stamped already); counts[r]: the
@@ -281,13 +310,14 @@ class StampLog:
         self.limit = COMPACT_FACTOR * max(self.size, int(self.pool.in_use.sum())) + COMPACT_FLOOR * self.pool.R
 
     def select(self, need: np.ndarray, maps) -> tuple[np.ndarray, np.ndarray, list]:
-        """Per rank the need[r] candidates with the smallest (stamp, slot), as pool storage positions (int64)
-        grouped by rank in that order; found[r]; and the victims' removal from the maps, for the plan's commit
+        """Per rank the need[r] candidates with the smallest (stamp, slot), as buffer-local places (r * seg + slot,
+        int64) grouped by rank in that order; found[r]; and the victims' removal from the maps, for the plan's commit
         (`maps.drop` of each batch read, for `maps.write`). `maps`: the buffers' slot maps (`rank_major`: every
         rank's slot + 1 of addresses)."""
-        R, cap = self.pool.R, max(self.pool.cap, 1)
+        R, seg = self.pool.R, self.pool.seg
         need = np.asarray(need, dtype=np.int64).copy()
-        parts, found, taken = [], [], []
+        mine: list[list[np.ndarray]] = [[] for _ in range(R)]  # per rank: slots + 1 taken, per batch read
+        found, taken, every = np.zeros(R, dtype=np.int64), [], None
         k = 0
         while k < len(self.batches) and need.any():  # batches oldest first; a batch left with candidates stays
             if not np.logical_and(self.left[k] > 0, need > 0).any():  # nothing here for the ranks that need
@@ -304,33 +334,27 @@ class StampLog:
             take = np.minimum(have, need)
             rows = np.flatnonzero(take)
             if rows.size:
+                self.front[rows] = self.stamps[k]
+                if every is None:  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
+                    every = np.iinfo(held.dtype).max
                 sub, m = (held, mask) if rows.size == R else (held.take(rows, axis=0), mask.take(rows, axis=0))
-                n, t = have.take(rows), take.take(rows)
-                # slot + 1 in address order within a rank -> storage positions (rank r's slot s is r * cap + s)
-                cand = sub.reshape(-1).take(np.flatnonzero(m)).astype(self._dtype(R * cap))
-                cand += np.repeat((rows * cap - 1).astype(cand.dtype), n)
-                # per rank: slots + 1 up to lim taken (held's dtype: comparing it with int64 casts every cell)
+                cand = sub.reshape(-1).take(np.flatnonzero(m))  # slots + 1, in address order within a rank
+                # per rank the take[r] smallest, in order (a partition first where it takes fewer than it has), up
+                # to lim[r] (held's dtype: comparing it with int64 casts every cell)
                 lim = np.zeros(R, dtype=held.dtype)
-                every = np.iinfo(held.dtype).max  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
-                if (t == n).all():
-                    cand.sort()  # slot order within a rank (ranks stay grouped)
-                    got = cand
-                    lim[rows] = every
-                else:  # per rank the t smallest, in order (a partition first where t < n)
-                    ends = np.cumsum(n).tolist()
-                    got = []
-                    for r, e, c, tr in zip(rows.tolist(), ends, n.tolist(), t.tolist()):  # loop over ranks
-                        mine = cand[e - c:e]
-                        if tr < c:
-                            mine = np.partition(mine, tr - 1)[:tr]
-                            lim[r] = int(mine[tr - 1]) - r * cap + 1
-                        else:
-                            lim[r] = every
-                        mine.sort()
-                        got.append(mine)
-                    got = np.concatenate(got)
-                parts.append(got)
-                found.append(take)
+                e = 0
+                for r in rows.tolist():  # loop over ranks
+                    c, t = int(have[r]), int(take[r])
+                    got = cand[e:e + c]
+                    e += c
+                    if t < c:
+                        got = np.partition(got, t - 1)[:t]
+                        lim[r] = got[t - 1]
+                    else:
+                        lim[r] = every
+                    got.sort()
+                    mine[r].append(got)
+                found += take
                 keep = held > lim[:, None]  # copies not taken (held ones only: lim >= 0)
                 taken.append(maps.drop(ix, a, held, held * keep))
                 need -= take
@@ -347,7 +371,11 @@ class StampLog:
             else:
                 self.size -= self.batches[k].size
                 del self.stamps[k], self.batches[k], self.left[k]
-        return (*_by_rank(parts, found, R), taken)
+        out = []  # rank r's slot s is buffer-local place r * seg + s
+        for r, parts in enumerate(mine):  # loop over ranks
+            if parts:
+                out.append(np.add(np.concatenate(parts) if len(parts) > 1 else parts[0], r * seg - 1, dtype=np.int64))
+        return (np.concatenate(out) if len(out) > 1 else (out[0] if out else _EMPTY)), found, taken
 
     def check(self, require, ix: np.ndarray) -> None:
         """Every held address (storage positions `ix`) is in the logged batch of its last stamp."""
@@ -363,19 +391,6 @@ def _row_counts(mask: np.ndarray) -> np.ndarray:
     """np.count_nonzero(mask, axis=1) of a few long rows, row by row (with an axis it sums through an integer cast:
     ~5x slower, measured on 8 x 20k)."""
     return np.array([np.count_nonzero(row) for row in mask], dtype=np.int64)  # loop over ranks
-
-
-def _by_rank(parts: list[np.ndarray], found: list[np.ndarray], R: int) -> tuple[np.ndarray, np.ndarray]:
-    """Parts each grouped by rank (found[k][r] of rank r in parts[k]) joined into one grouped by rank, part order
-    kept within a rank (int64); and the found per rank."""
-    if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(R, dtype=np.int64)
-    if len(parts) == 1:
-        return parts[0].astype(np.int64), found[0]
-    offs = [(np.cumsum(f) - f).tolist() for f in found]
-    counts = [f.tolist() for f in found]
-    out = [p[o[r]:o[r] + c[r]] for r in range(R) for p, o, c in zip(parts, offs, counts)]  # loop over ranks x parts
-    return np.concatenate(out).astype(np.int64, copy=False), np.sum(found, axis=0)
 
 
 COMPACT_FACTOR = 4  # logged addresses allowed per live one (or per slot in use) before dead ones are dropped

@@ -99,27 +99,7 @@ class DenseSlotMaps:
         R, U = self.R, ix.size
         rows = self._row_items.take(ix)
         absent = np.ascontiguousarray((rows.view(self._dt["s"].base).reshape(U, R) == 0).T)  # (R, U) as bytes
-        for r in range(R):  # loop over ranks: the own homes (never held there) are neither hits nor misses
-            absent[r, bounds[r]:bounds[r + 1]] = False
-        miss = np.flatnonzero(absent)  # r * U + column, ascending
-        if miss.size <= _FEW_MISSES:  # (a decode step at batch size 1: a few; three array calls, no rank loop)
-            rank, miss = np.divmod(miss, U)
-            m_counts = np.bincount(rank, minlength=R)
-        else:
-            cut = miss.searchsorted(np.arange(R + 1, dtype=np.int64) * U).tolist()
-            for r in range(1, R):  # loop over ranks: columns
-                miss[cut[r]:cut[r + 1]] -= r * U
-            m_counts = np.diff(cut)
-        return U - np.diff(bounds) - m_counts, miss, m_counts, rows
-
-    def fill(self, ix: np.ndarray, rows: np.ndarray, ranks: np.ndarray, cols: np.ndarray, slots: np.ndarray):
-        """The write (for `write`) that inserts a batch's misses: rank ranks[i] maps the batch's cols[i]-th address
-        to slots[i]; `rows`: the batch's rows `remote` read (at storage positions `ix`), completed in place."""
-        cells = rows.view(self._dt["s"].base)
-        at = np.multiply(cols, self.R, dtype=np.int64)
-        at += ranks
-        cells[at] = (slots + 1).astype(cells.dtype)  # (cast first: a casting scatter is ~1.5x slower)
-        return ix, rows
+        return (*misses_by_rank(absent, bounds), rows)
 
     def drop(self, ix: np.ndarray, addrs, held: np.ndarray, kept: np.ndarray):
         """The write (for `write`) that removes the copies a selection took (lru_log.StampLog.select): the rows at
@@ -136,7 +116,24 @@ class DenseSlotMaps:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""
         at = np.multiply(self.space.index(addrs) if ix is None else ix, self.R, dtype=np.int64)
         at += ranks
-        self._flat[at] = slots + 1
+        flat = self._flat
+        vals = slots.astype(flat.dtype)  # (cast first: a casting scatter is ~1.5x slower)
+        vals += 1
+        flat[at] = vals
+
+    def insert_grouped(self, ix: np.ndarray, counts: np.ndarray, addrs, places: np.ndarray, seg: int) -> None:
+        """Insert absent keys grouped by rank: counts[r] of them for rank r, at storage positions `ix` (`addrs`: the
+        addresses, unused here), slot places[i] - r * seg (one pass per array: no per-key rank array)."""
+        at = np.multiply(ix, self.R, dtype=np.int64)
+        flat = self._flat
+        vals = np.empty(at.size, dtype=flat.dtype)
+        lo = 0
+        for r, c in enumerate(counts.tolist()):  # loop over ranks
+            if c:
+                at[lo:lo + c] += r
+                np.subtract(places[lo:lo + c], r * seg - 1, out=vals[lo:lo + c], casting="unsafe")  # slot + 1
+                lo += c
+        flat[at] = vals
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
         at = np.multiply(self.space.index(addrs), self.R, dtype=np.int64)
@@ -149,6 +146,24 @@ class DenseSlotMaps:
         col = self.table[:, r]
         at = np.flatnonzero(col)
         return self.space.rows.ids(at, layout), col[at].astype(np.int64) - 1
+
+
+def misses_by_rank(absent: np.ndarray, bounds: list[int]):
+    """(hits per rank, miss indices grouped by rank, ascending within a rank, misses per rank) of a batch's (R, U)
+    no-copy mask; rank r's own homes (columns bounds[r]:bounds[r + 1], never held there) are neither (cleared here)."""
+    R, U = absent.shape
+    for r in range(R):  # loop over ranks: the own homes
+        absent[r, bounds[r]:bounds[r + 1]] = False
+    miss = np.flatnonzero(absent)  # r * U + column, ascending
+    if miss.size <= _FEW_MISSES:  # (a decode step at batch size 1: a few; three array calls, no rank loop)
+        rank, miss = np.divmod(miss, U)
+        m_counts = np.bincount(rank, minlength=R)
+    else:
+        cut = miss.searchsorted(np.arange(R + 1, dtype=np.int64) * U).tolist()
+        for r in range(1, R):  # loop over ranks: columns
+            miss[cut[r]:cut[r + 1]] -= r * U
+        m_counts = np.diff(cut)
+    return U - np.diff(bounds) - m_counts, miss, m_counts
 
 
 class HashSlotMap:
@@ -335,6 +350,15 @@ class HashSlotMaps:
         for r, i in self._by_rank(ranks):
             self.maps[r].set(addrs.take(i), slots.take(i))
 
+    def insert_grouped(self, ix: np.ndarray, counts: np.ndarray, addrs: np.ndarray, places: np.ndarray,
+                       seg: int) -> None:
+        """DenseSlotMaps.insert_grouped."""
+        lo = 0
+        for r, c in enumerate(counts.tolist()):  # loop over ranks
+            if c:
+                self.maps[r].set(addrs[lo:lo + c], places[lo:lo + c] - r * seg)
+                lo += c
+
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
         for r, i in self._by_rank(ranks):
             self.maps[r].delete(addrs.take(i))
@@ -378,4 +402,4 @@ def fits(maps, capacity: int, dense_limit: int):
     return maps
 
 
-__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMaps", "HashSlotMap", "HashSlotMaps", "fits", "make_slot_maps"]
+__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMaps", "HashSlotMap", "HashSlotMaps", "fits", "make_slot_maps", "misses_by_rank"]
