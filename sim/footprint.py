@@ -38,7 +38,7 @@ import tracemalloc
 
 import numpy as np
 
-from ulacache.pools import GROW_FLOOR, HEADROOM, SMALL_ROW
+from ulacache.rows import GROW_FLOOR, HEADROOM, SMALL_ROW
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
@@ -51,13 +51,13 @@ PROBE_TOKENS = 1 << 17  # tokens a probe allocates at most (beyond: extrapolated
 # (<= 2 x its ids, and a row that doubled past SMALL_ROW holds <= 2 SMALL_ROW); every row is at least GROW_FLOOR
 # and padded to 64. `grown_ids` is that worst case; nothing here is fitted to a measurement.
 GROWTH = (1 + 1 / HEADROOM) / (1 - 1 / (2 * HEADROOM))
-IDSTACK_GROWTH = 2.0  # free-id stacks (pools.IdStack.push) double
+IDSTACK_GROWTH = 2.0  # free-id stacks (rows.IdStack.push) double
 
 
 def grown_ids(ids: float, rows: int, ragged: bool = True, limit: float = math.inf) -> float:
     """Worst-case storage (ids) of `rows` rows holding `ids` ids in all, split evenly (TP homes are spread evenly;
     DP admission balances the ranks): per row max(GROW_FLOOR, g e, min(2 e, 2 SMALL_ROW)) + 64, e = ids / rows,
-    g = GROWTH for ragged rows (pools.RaggedRows), 1 + 1/HEADROOM for rows sharing one length (pools.RankRows);
+    g = GROWTH for ragged rows (rows.RaggedRows), 1 + 1/HEADROOM for rows sharing one length (rows.RankRows);
     a row never grows past its `limit` (the ids of its rank: the pool or address range it covers)."""
     if ids <= 0:
         return 0.0
@@ -133,8 +133,8 @@ def probing():
 def _held() -> int:
     """Bytes the process holds that the probes count, once the garbage made since the last call is gone (within
     `probing`): numpy's allocations (tracemalloc) plus the library's re-laid tables, which live in mappings of
-    their own that tracemalloc does not see (ulacache.pools.mapped_bytes)."""
-    from ulacache.pools import mapped_bytes
+    their own that tracemalloc does not see (ulacache.rows.mapped_bytes)."""
+    from ulacache.rows import mapped_bytes
 
     gc.collect(0)
     return tracemalloc.get_traced_memory()[0] + mapped_bytes()
@@ -422,7 +422,7 @@ def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None
     hist = probe_cache(make_cache, k, entries, fullest)
     copies = copies_held(config, bound, k, refs_per_step, steps)
     per_copy, per_ref = probe_copies(make_cache, k)
-    if copies:  # the buffers' rows (pools.RankRows) end at the padded buffer
+    if copies:  # the buffers' rows (rows.RankRows) end at the padded buffer
         copies = grown_ids(copies, R, ragged=False, limit=-(-config.effective_local_buffer_slots // 64) * 64)
     out = {"history": hist["bytes"] - hist["fixed"], "copies": copies * per_copy,
            "last_plan": per_ref * bound.cache_requests(k) * refs_per_step,

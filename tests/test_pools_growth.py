@@ -1,4 +1,4 @@
-"""Storage growth (pools.RankRows / RaggedRows): every id keeps its value through any sequence of re-layouts (in
+"""Storage growth (rows.RankRows / RaggedRows): every id keeps its value through any sequence of re-layouts (in
 place inside a buffer with room, or into a new one), new ids read the fill, and rows are never shorter than asked."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ulacache.pools import HEADROOM, RaggedRows, RankRows
+from ulacache.rows import HEADROOM, RaggedRows, RankRows
 
 R, STRIDE = 4, 1 << 20
 
@@ -100,7 +100,7 @@ def test_growth_slack_is_bounded():
 def test_regrowth_moves_rows_inside_one_buffer():
     """The first re-layout leaves room for one growth step (FIRST_ROOM), a later new buffer SPARE x; growth within
     the room moves rows inside the same buffer."""
-    from ulacache.pools import FIRST_ROOM
+    from ulacache.rows import FIRST_ROOM
 
     rows = RaggedRows(3, STRIDE, STRIDE)
     arr = np.zeros(0, dtype=np.int32)

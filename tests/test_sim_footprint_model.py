@@ -12,12 +12,12 @@ import pytest
 
 from sim import footprint
 from ulacache import CacheConfig, UlaCache
-from ulacache.pools import RaggedRows, RankRows
+from ulacache.rows import RaggedRows, RankRows
 
 
 @pytest.mark.parametrize("rows", [1, 4])
 def test_grown_ids_bounds_the_growth_rule(rows):
-    """Rows grown one token at a time and by request-sized jumps (pools.RankRows / RaggedRows, the real rule) never
+    """Rows grown one token at a time and by request-sized jumps (rows.RankRows / RaggedRows, the real rule) never
     hold more storage than `grown_ids` allows for what they hold."""
     rng = np.random.default_rng(0)
     rank, ragged = RankRows(rows, 1 << 24, 1 << 24), RaggedRows(rows, 1 << 24, 1 << 24)

@@ -4,7 +4,7 @@ Address `a` belongs to home rank `a // slots_per_rank`: in DP that is the reques
 store the entry. A place is one int64 over all tiers: GPU places [0, num_gpu_places) (rank r's GPU slot s is
 r * gpu_seg + s), then CPU places (rank r's CPU slot c is num_gpu_places + r * cpu_slots + c), then TP local-buffer
 places (layout.PlaceLayout). `places(a)` is the entry's current place; the table behind it holds rows only for the
-addresses handed out, one row per home rank grown on its own (pools.RaggedRows), so its memory follows the
+addresses handed out, one row per home rank grown on its own (rows.RaggedRows), so its memory follows the
 allocated history of each rank, not the budget nor ranks x the fullest rank.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .pools import IdStack, RaggedRows, id_dtype
+from .rows import IdStack, RaggedRows, id_dtype
 
 _MARKER = [np.zeros(1, dtype=bool)]  # the shared dedup marker (AddressSpace.scratch)
 

@@ -323,7 +323,7 @@ class ExclusivePolicy:
         """`_alloc_few` of one token of one request (a batch-1 decode step): the rank (TP: the most free GPU slots,
         ties lowest, else the most free CPU slots; DP: the request's) and tier picked by scalar rules, then the same
         address, place and state after, without building per-rank lists."""
-        R, gpu, space = self.cfg.num_ranks, self.gpu, self.space
+        gpu, space = self.gpu, self.space
         gfree = gpu.num_free
         r = int(gfree.argmax()) if tp else rank
         on_gpu = int(gfree[r]) > 0

@@ -26,7 +26,8 @@ import numpy as np
 from ..address_space import AddressSpace
 from ..errors import CapacityError
 from ..plan import Plan
-from ..pools import CpuPools, IdStack, RankRows, id_dtype, pad64
+from ..pools import CpuPools
+from ..rows import IdStack, RankRows, id_dtype, pad64
 from .hisparse_checks import check_hisparse
 
 
