@@ -212,11 +212,14 @@ def cmd_ab(args) -> None:
         for name, tree in trees.items():
             run(tree, "record", str(tmp / f"{name}.pkl"), *common)
         if args.count:
-            out["callgrind"] = {name: run(tree, "count", str(tmp / f"{name}.pkl")) for name, tree in trees.items()}
+            out["callgrind"] = {}
+            for name, tree in trees.items():
+                out["callgrind"][name] = run(tree, "count", str(tmp / f"{name}.pkl"))
+                print(json.dumps({"callgrind": name, **out["callgrind"][name]}), flush=True)
         for rnd in range(args.rounds):
             for name, tree in (trees.items() if rnd % 2 == 0 else reversed(trees.items())):
                 row = run(tree, "time", str(tmp / f"{name}.pkl"), "--repeats", str(args.repeats))
-                out["runs"].append({"tree": name, "round": rnd, **row})
+                out["runs"].append({**row, "tree": name, "path": tree, "round": rnd})
                 print(json.dumps(out["runs"][-1]), flush=True)
     finally:
         for p in tmp.glob("*.pkl"):

@@ -61,8 +61,9 @@ class LocalBuffers:
         self.be, self.R, self.slots = be, num_ranks, slots
         # places r * seg + s; victims from the stamp log (lru_log.StampLog: one stamp per access batch and address,
         # read from the oldest batch; the pinned-keys TP replay touches ~1/7 of each buffer per batch and evicts
-        # ~1/30). The pool's own per-slot stamps are not used.
-        self.pool = Pool(num_ranks, slots, address_limit=space.size, stamp_dtype=np.int32)
+        # ~1/30). The pool's own per-slot stamps are never read or written: the narrowest dtype (its storage is
+        # re-laid at every growth).
+        self.pool = Pool(num_ranks, slots, address_limit=space.size, stamp_dtype=np.int8)
         self.log = StampLog(self.pool, space)
         self.seg = self.pool.seg
         self.num_places = self.pool.num_places
