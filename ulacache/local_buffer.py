@@ -29,6 +29,7 @@ from .lru_log import StampLog
 from .plan import Plan
 from .pools import Pool, merge_by_rank
 
+
 def _nonzero_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.nonzero of a 2-D mask with few rows (row-major order), through flatnonzero (2-D nonzero is ~4x slower)."""
     flat = np.flatnonzero(mask)
@@ -103,7 +104,7 @@ class LocalBuffers:
         """Every rank looks up the entries homed elsewhere (all ranks at once); its misses take free buffer slots,
         then its least recently used ones. Stamps are written here (the hits first: they protect them from this
         selection), the maps and owners at commit."""
-        be, R, uniq, pool = self.be, self.R, plan.addrs, self.pool
+        be, uniq, pool = self.be, plan.addrs, self.pool
         bounds = self.check_fits(uniq)  # homes
         uix = self.space.index(uniq)
         log = self.log

@@ -94,7 +94,7 @@ class DenseSlotMaps:
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
         """Every rank's look-up of the ascending batch `addrs` (storage positions `ix`) but its own homes
         (addrs[bounds[r]:bounds[r + 1]]): (hits per rank, miss indices into addrs grouped by rank, ascending address
-        within a rank, misses per rank, the batch's rows as read, for `fill`). All ranks at once: one gather of
+        within a rank, misses per rank, the batch's rows as read). All ranks at once: one gather of
         whole rows, made rank-major once."""
         R, U = self.R, ix.size
         rows = self._row_items.take(ix)
@@ -107,7 +107,7 @@ class DenseSlotMaps:
         return ix, np.ascontiguousarray(kept.T).view(self._row_items.dtype).reshape(-1)
 
     def write(self, change) -> None:
-        """Apply a `fill` or `drop` made from rows unchanged since they were read: each row written back whole (one
+        """Apply a `drop` made from rows unchanged since they were read: each row written back whole (one
         write per address instead of one per rank and key)."""
         ix, rows = change
         np.put(self._row_items, ix, rows)  # (in the replays np.put measured faster than item assignment here)
@@ -325,7 +325,7 @@ class HashSlotMaps:
     by_index = False  # keyed by address: `rank_major` and `drop` need the addresses
 
     def remote(self, addrs: np.ndarray, ix: np.ndarray, bounds: list[int]):
-        """DenseSlotMaps.remote (no rows: `fill` is not offered, callers `set`): each rank looks up the two slices of
+        """DenseSlotMaps.remote (no rows): each rank looks up the two slices of
         the batch homed elsewhere in one probe run."""
         hits, miss, m_counts = np.zeros(self.R, np.int64), [], np.zeros(self.R, np.int64)
         for r in range(self.R):  # loop over ranks
