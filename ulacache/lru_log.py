@@ -342,17 +342,22 @@ class StampLog:
                 # per rank the take[r] smallest, in order (a partition first where it takes fewer than it has), up
                 # to lim[r] (held's dtype: comparing it with int64 casts every cell)
                 lim = np.zeros(R, dtype=held.dtype)
+                radix = held.dtype.itemsize <= 2
                 e = 0
                 for r in rows.tolist():  # loop over ranks
                     c, t = int(have[r]), int(take[r])
                     got = cand[e:e + c]
                     e += c
-                    if t < c:
-                        got = np.partition(got, t - 1)[:t]
-                        lim[r] = got[t - 1]
+                    if radix:  # 16 bits: the stable sort is a radix sort, O(c): ~8x faster than partition + quicksort
+                        got = np.sort(got, kind="stable")[:t]  # ... whole, then the t smallest (no partition)
+                        lim[r] = got[t - 1] if t < c else every
                     else:
-                        lim[r] = every
-                    got.sort()
+                        if t < c:
+                            got = np.partition(got, t - 1)[:t]
+                            lim[r] = got[t - 1]
+                        else:
+                            lim[r] = every
+                        got.sort()
                     mine[r].append(got)
                 found += take
                 keep = held > lim[:, None]  # copies not taken (held ones only: lim >= 0)
