@@ -110,15 +110,6 @@ class NumpyBackend:
         if n >= _RUN_BITS and int(slots[-1]) == lo + n - 1 and slots.min() == lo and slots.max() == lo + n - 1:
             # n distinct slots spanning n values: the range lo .. lo + n - 1 (a bulk claim of free slots)
             return NumpyBackend._bitmap_write_range(bitmap, lo, lo + n, value)
-        if (slots[1:] > slots[:-1]).all():
-            # ascending distinct slots (free slots as select_first returns them): one mask per byte touched, the
-            # sum of its distinct bits (add.reduceat over runs of one byte), written once (O(n), no ufunc.at)
-            byte = slots >> 3
-            start = np.flatnonzero(np.concatenate(([True], byte[1:] != byte[:-1])))
-            mask = np.add.reduceat(_BIT.take(slots & 7), start, dtype=np.uint8)
-            ub = byte.take(start)
-            bitmap[ub] = bitmap.take(ub) | mask if value else bitmap.take(ub) & ~mask
-            return bitmap
         if n * 64 > bitmap.size * 8:
             # Many slots: unpack to one bool per slot, scatter, pack again (measured ~4x faster than ufunc.at).
             bits = np.unpackbits(bitmap, bitorder="little").view(bool)
