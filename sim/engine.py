@@ -68,6 +68,7 @@ def _ranks_of(values, n: int) -> np.ndarray:
     return x if x.size == n and x.ndim == 1 else np.resize(x, n)
 
 
+_add_reduce = np.add.reduce  # ndarray.sum's reduction without the method's dispatch
 _F9 = struct.Struct("9d")  # `_links`' memo key: its nine inputs' exact float64 bits
 NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0}
 
@@ -135,6 +136,8 @@ class Engine:
         self._net_bytes: dict = {}  # tokens of a step -> (all-gather, layer-collective) link bytes it adds
         self._per_tokens: dict = {}  # tokens of a (sub-)batch -> the rank-independent parts of `_shared_work`
         self._terms = self._layer_col = None  # _account's per-group terms buffer (row 0 stays 0) and layer weights
+        self._per_rep = None  # _account's per-representative buffer
+        self._work_memo: dict[tuple, list[GroupWork]] = {}  # `_ranks_work`: a rank's inputs -> its work, across steps
 
     # ------------------------------------------------------------------ admission
     def _need(self, i: int) -> float:
@@ -313,13 +316,42 @@ class Engine:
         pack = struct.Struct(f"{len(cols)}d").pack  # their exact float64 bits (as the arrays' bytes were)
         seen: dict[bytes, list[GroupWork]] = {}
         out = []
+        step_key = self._work_step_key(b, ratios, shared)
+        memo = self._work_memo
+        if step_key is not None:  # per simulated group, what `_links` reads of its ratios: scaled by the rank's refs
+            scaled = [x for rt in step_key[3] for x in (rt["unique"], rt["misses"])]
+            pack_scaled = struct.Struct(f"{len(scaled)}d").pack  # (exact bits, as `_links`' key)
+            step_key = step_key[:3]
         for r in sim_ranks:
             key = pack(*[c[r] for c in cols])
             work = seen.get(key)
             if work is None:
-                work = seen[key] = self._rank_work(b, r, ratios, rows, shared)
+                if step_key is None:
+                    work = self._rank_work(b, r, ratios, rows, shared)
+                else:  # the same inputs as an earlier step's rank (DP: the idle ranks, step after step)
+                    ref = shared["ref_rank"][r]
+                    mkey = (step_key, key, pack_scaled(*[x * ref for x in scaled]))
+                    work = memo.get(mkey)
+                    if work is None:
+                        if len(memo) >= 4096:
+                            memo.clear()
+                        work = memo[mkey] = self._rank_work(b, r, ratios, rows, shared)
+                seen[key] = work
             out.append(work)
         return out
+
+    def _work_step_key(self, b: Batch, ratios, shared: dict) -> tuple | None:
+        """What `_rank_work` reads besides a rank's own columns and its groups' scaled ratios, when every group ran
+        in one pass: (the step's token count (`_shared_work`'s per-token parts), the group map (`_group_keys`),
+        each simulated group's TP home h2d total, the groups' ratios); None when some group ran several passes."""
+        self._group_keys(ratios)
+        if not ratios:
+            return (b.tokens_total, self._keys[0], (), ())
+        rts = [ratios[rep] for rep in self._simulated_reps()[0]]
+        if any(_num_passes(rt) != 1 for rt in rts):
+            return None
+        homes = tuple([v[1] for v in shared["row_vals"].values()])
+        return (b.tokens_total, self._keys[0], homes, rts)
 
     def _rank_work(self, b: Batch, r: int, ratios, rows: dict, shared: dict) -> list[GroupWork]:
         """Rank r's work for each distinct indexer group (`_group_keys`), one item per pass (`_order` says which
@@ -508,15 +540,20 @@ class Engine:
         that completed in it)."""
         st, m, costs, sysm = self.state, self.cfg.model, self.costs, self.system
         n_gpu, tp, layer_w = self.cfg.num_gpus, sysm.tp, self.group_layers
-        refs_all = b.refs_req.sum()
+        refs_all = float(b.refs_req[0]) if b.n_total == 1 else float(b.refs_req.sum())  # (the same float64 value)
         link_rows = [0.0, 0.0, 0.0]  # h2d, d2h, peer over all ranks and layers
         if ratios:
             copies = n_gpu if sysm.symmetric_ranks else 1
             reps, where = self._simulated_reps()
-            per_link = np.array([rows[rep] for rep in reps])  # [rep, link, rank] (np.stack's array, cheaper)
-            per_rep = np.empty((len(reps), 5))
-            per_rep[:, :3] = per_link[:, :, 0] if copies > 1 else per_link.sum(axis=2)  # (row sums, as each row's)
-            per_rep[:, 3:] = [(ratios[rep]["hits"] * refs_all, ratios[rep]["unique"] * refs_all) for rep in reps]
+            per_rep = self._per_rep
+            if per_rep is None or per_rep.shape[0] != len(reps):
+                per_rep = self._per_rep = np.empty((len(reps), 5))  # (every element written each step)
+            for j, rep in enumerate(reps):  # row sums, as each row's (`sum(axis=2)` of the stacked rows), or rank 0's
+                x = rows[rep]
+                per_rep[j, :3] = x[:, 0] if copies > 1 else _add_reduce(x, 1)
+                rt = ratios[rep]
+                per_rep[j, 3] = rt["hits"] * refs_all
+                per_rep[j, 4] = rt["unique"] * refs_all
             terms = self._terms
             if terms is None or terms.shape[0] != len(where) + 1:
                 terms = self._terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0
@@ -525,7 +562,7 @@ class Engine:
             if copies != 1:
                 terms[1:, :3] *= copies
             # in group order (np.cumsum is this accumulate; called directly it skips the wrapper's dispatch)
-            link_rows[0], link_rows[1], link_rows[2], hits, unique = np.add.accumulate(terms, axis=0)[-1]
+            link_rows[0], link_rows[1], link_rows[2], hits, unique = np.add.accumulate(terms, axis=0)[-1].tolist()
         else:  # GPU-resident: every selected entry is on the GPU
             unique = hits = refs_all * m.num_layers
         row = m.kv_bytes_per_token_layer

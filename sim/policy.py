@@ -190,11 +190,12 @@ class AddressTable:
         self.table[row, : self.length.pop(rid)] = -1
         self.free_rows.append(row)
 
-    def lookup(self, rids: list[int], positions: np.ndarray) -> np.ndarray:
+    def lookup(self, rids: list[int], positions: np.ndarray, checked: bool = False) -> np.ndarray:
         """positions int64[R, q, k] (-1 padding) -> logical addresses (same shape, -1 padding), in the table's width
-        (int32 when the cache's addresses fit: the library takes any integer width, and sorts int32 faster)."""
+        (int32 when the cache's addresses fit: the library takes any integer width, and sorts int32 faster).
+        `checked`: the source guarantees positions >= -1 (its `positions_checked`), so the scan is skipped."""
         positions = np.asarray(positions)
-        if positions.size and positions.min() < -1:
+        if not checked and positions.size and positions.min() < -1:
             raise ValueError("selection positions must be >= 0 (-1 pads)")
         if len(rids) == 1:  # one request: its row, position -1 wraps to the padding column
             out = self.table[self.row_of[rids[0]]].take(positions)
@@ -245,7 +246,9 @@ class PolicyRunner:
         self.prompt_rows = 0.0
         self.prompt_rows_own = 0.0
         self.pilot_log: list[tuple] = []  # (rids, hist, steps, q) of the pilot's steps, when it runs coarser
-        self._tp_per_rank: dict = {}  # TP: a step's references per rank -> `_divisors` of them
+        self._per_rank_memo: dict = {}  # a step's references per rank (`_per_rank`'s key) -> `_divisors` of them
+        self.num_ranks = system.capacity.ranks_per_space * system.capacity.num_spaces
+        self.positions_checked = bool(getattr(source, "positions_checked", False))  # selections >= -1 by design
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -369,35 +372,30 @@ class PolicyRunner:
         """Access every simulated group with the simulated requests' selections; returns ratios per group.
         `rids` are all running requests in admission order, `spaces`/`rid_ranks` theirs (for a pilot's re-admission)."""
         sampled = self.sampled
-        sel_idx = [i for i, r in enumerate(rids) if r in sampled]
-        if not sel_idx:
-            return self.last
-        if len(sel_idx) == len(rids):  # every running request is simulated (batch 1, full fidelity)
+        if len(rids) == 1:  # batch size 1
+            if rids[0] not in sampled:
+                return self.last
             sids, s_hist, s_steps = rids, hist, steps
         else:
-            sids = [rids[i] for i in sel_idx]
-            s_hist = hist[sel_idx]
-            s_steps = steps[sel_idx]
-        num_ranks = self.system.capacity.ranks_per_space * self.system.capacity.num_spaces
-        per_req_refs = q * np.minimum(s_hist, self.cfg.model.top_k).astype(float)
-        if self.system.tp:  # every rank sees every reference: one value, the same step after step at a fixed batch
-            total = per_req_refs.sum()
-            per_rank = self._tp_per_rank.get(total)
-            if per_rank is None:
-                ref_rank = np.full(num_ranks, total)
-                if len(self._tp_per_rank) > 4096:
-                    self._tp_per_rank.clear()
-                per_rank = self._tp_per_rank[total] = self._divisors(ref_rank)
-        else:  # in admission order, as one add per request
-            ranks = np.array([sampled[r] for r in sids], dtype=np.int64)
-            per_rank = self._divisors(np.bincount(ranks, weights=per_req_refs, minlength=num_ranks))
+            sel_idx = [i for i, r in enumerate(rids) if r in sampled]
+            if not sel_idx:
+                return self.last
+            if len(sel_idx) == len(rids):  # every running request is simulated (full fidelity)
+                sids, s_hist, s_steps = rids, hist, steps
+            else:
+                sids = [rids[i] for i in sel_idx]
+                s_hist = hist[sel_idx]
+                s_steps = steps[sel_idx]
+        per_rank = self._per_rank(sids, s_hist, q)
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         out = {}
         chunk = self.query_chunk
         pilot = self.pilot_left > 0
+        num_ranks = self.num_ranks
+        checked = self.positions_checked
         for g, sel in self._selections(np.asarray(sids, dtype=np.int64), s_hist, s_steps, q):
-            addrs = self.tables[g].lookup(sids, sel)
+            addrs = self.tables[g].lookup(sids, sel, checked)
             if q <= chunk:  # the whole step's verify tokens in one access batch
                 totals = self._access(self.caches[g], addrs, num_ranks)
             else:
@@ -426,6 +424,45 @@ class PolicyRunner:
                     self._resample(rids, hist, spaces, rid_ranks)
                 release_memory()
         return self.last
+
+    def _per_rank(self, sids: list[int], s_hist: np.ndarray, q: int) -> tuple:
+        """`_divisors` of the step's simulated references per rank (q x min(history, top_k) per request), memoized
+        on the exact inputs: TP (every rank sees every reference) on their total, DP on (ranks, references), so a
+        fixed batch computes them once."""
+        top_k = self.cfg.model.top_k
+        memo = self._per_rank_memo
+        if len(sids) == 1:  # batch size 1: Python numbers (the same float64 values)
+            refs = float(q * min(int(s_hist[0]), top_k))
+            key = refs if self.system.tp else (self.sampled[sids[0]], refs)
+            per_rank = memo.get(key)
+            if per_rank is None:
+                if self.system.tp:
+                    ref_rank = np.full(self.num_ranks, refs)
+                else:
+                    ref_rank = np.zeros(self.num_ranks)
+                    ref_rank[key[0]] = refs  # (bincount's 0.0 + refs)
+                per_rank = self._memo_per_rank(key, ref_rank)
+            return per_rank
+        per_req_refs = q * np.minimum(s_hist, top_k).astype(float)
+        if self.system.tp:  # one value, the same step after step at a fixed batch
+            key = per_req_refs.sum()
+            per_rank = memo.get(key)
+            if per_rank is None:
+                per_rank = self._memo_per_rank(key, np.full(self.num_ranks, key))
+            return per_rank
+        sampled = self.sampled  # in admission order, as one add per request
+        ranks = np.array([sampled[r] for r in sids], dtype=np.int64)
+        key = (ranks.tobytes(), per_req_refs.tobytes())
+        per_rank = memo.get(key)
+        if per_rank is None:
+            per_rank = self._memo_per_rank(key, np.bincount(ranks, weights=per_req_refs, minlength=self.num_ranks))
+        return per_rank
+
+    def _memo_per_rank(self, key, ref_rank: np.ndarray) -> tuple:
+        if len(self._per_rank_memo) > 4096:
+            self._per_rank_memo.clear()
+        out = self._per_rank_memo[key] = self._divisors(ref_rank)
+        return out
 
     @staticmethod
     def _divisors(ref_rank: np.ndarray) -> tuple:
@@ -527,15 +564,20 @@ class PolicyRunner:
         references, whether there are any), the step's (run_step)."""
         total_ref_rank, idle, any_idle = per_rank
         refs = max(t["refs"], 1.0)
-        out = {k: t[k] / refs for k in ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches")}
-        out["passes"] = t["passes"]  # sub-batches the access batch was served in (not per reference)
+        out = {"unique": t["unique"] / refs, "hits": t["hits"] / refs, "misses": t["misses"] / refs,
+               "exchanges": t["exchanges"] / refs, "local_hits": t["local_hits"] / refs,
+               "peer_fetches": t["peer_fetches"] / refs,
+               "passes": t["passes"]}  # sub-batches the access batch was served in (not per reference)
         rows = t["rows"]  # the three links at once
-        ratio = rows / total_ref_rank
+        ratio = _divide(rows, total_ref_rank)
         if any_idle:  # ranks without simulated requests: the global ratio (a row's sum is its link's own sum)
-            ratio[:, idle] = (rows.sum(axis=1) / refs)[:, None]
+            _copyto(ratio, _divide(_add_reduce(rows, 1), refs)[:, None], where=idle)  # (rows.sum(axis=1) / refs)
         out["h2d"], out["d2h"], out["peer"] = ratio
         out["links"] = ratio  # the three at once (float64[3, ranks]), for callers that scale them together
         return out
+
+
+_divide, _copyto, _add_reduce = np.divide, np.copyto, np.add.reduce  # (the ufuncs without their wrappers' dispatch)
 
 
 def _capacity_error():

@@ -27,6 +27,7 @@ class SyntheticSelections:
     """
 
     kind = "synthetic"
+    positions_checked = True  # every selected position is in [-1, history_len) by construction (no scan needed)
 
     def __init__(self, spec: SelectionSpec | dict | None = None, seed: int = 0, num_threads: int | None = None):
         if spec is None or isinstance(spec, dict):
@@ -252,7 +253,8 @@ class SyntheticSelections:
         if q == 1:  # query 0's draw: the two multiplies of ts and of d as one (the same bits mod 2**32)
             ts *= TS_MIX32
             draw(ts, tb, mult, plan.early)
-            np.add(ts.view(np.int32), lo, out=out[:, :, 0, s:s + kp], casting="unsafe")
+            lo += ts.view(np.int32)  # (int32 arithmetic, then widened: cheaper than one add into the int64 slice)
+            out[:, :, 0, s:s + kp] = lo
             return out
         ts *= np.uint32(0x846CA68B)
         # query tokens > 0 redraw where the top bits reach spec_share (query 0 never reads this)
@@ -269,7 +271,9 @@ class SyntheticSelections:
                 d ^= ts
                 d *= MIX32
             draw(d, tb, mult, plan.early)
-            np.add(d.view(np.int32), lo, out=out[:, :, qi, s:s + kp], casting="unsafe")
+            di = d.view(np.int32)
+            di += lo  # (int32 arithmetic as above; d is rewritten for the next token)
+            out[:, :, qi, s:s + kp] = di
         return out
 
     def _row_terms(self, plans: tuple[GroupPlan, ...], rid, hist, step, dom) -> tuple[dict, np.ndarray, np.ndarray]:
