@@ -137,6 +137,7 @@ class Engine:
         self._per_tokens: dict = {}  # tokens of a (sub-)batch -> the rank-independent parts of `_shared_work`
         self._terms = self._layer_col = None  # _account's per-group terms buffer (row 0 stays 0) and layer weights
         self._per_rep = None  # _account's per-representative buffer
+        self._unit = np.eye(cfg.num_gpus)  # row r: 1.0 at rank r (`_batch` of one request under DP)
         self._work_memo: dict[tuple, list[GroupWork]] = {}  # `_ranks_work`: a rank's inputs -> its work, across steps
 
     # ------------------------------------------------------------------ admission
@@ -256,8 +257,18 @@ class Engine:
         """References, history and requests of the running batch, per rank (TP: every rank sees all of them)."""
         m, n_gpu, q = self.cfg.model, self.cfg.num_gpus, self.q
         hist = self.hist[run]
-        refs_req = q * np.minimum(hist, m.top_k).astype(float)
         n_total = len(run)
+        tp = self.system.tp
+        if n_total == 1 and (tp or 0 <= self.space[run[0]] < n_gpu):  # batch size 1: the same values from Python
+            h = int(hist[0])  # numbers (a few numpy calls fewer per step)
+            refs = float(q * min(h, m.top_k))
+            if tp:
+                ref_rank, hist_rank, n_rank = np.full(n_gpu, refs), np.full(n_gpu, float(h)), np.full(n_gpu, 1.0)
+            else:  # bincount's one-request sums (0.0 + x), as products of its rank's unit row (1.0 * x, 0.0 * x)
+                unit = self._unit[int(self.space[run[0]])]
+                ref_rank, hist_rank, n_rank = unit * refs, unit * float(h), unit.copy()
+            return Batch(run, hist, np.array([refs]), 1, q, ref_rank, hist_rank, n_rank)
+        refs_req = q * np.minimum(hist, m.top_k).astype(float)
         if self.system.tp:
             ref_rank = np.full(n_gpu, refs_req.sum())
             hist_rank = np.full(n_gpu, float(hist.sum()))
@@ -275,8 +286,10 @@ class Engine:
             return None
         if not self.runner.due(self.state.steps):
             return self.runner.last
-        spaces = self.space[b.run]
-        ranks = spaces if self.system.capacity.num_spaces > 1 else np.zeros_like(spaces)
+        spaces = ranks = None  # (read only where a pilot ends: its re-admission)
+        if self.runner.pilot_left:
+            spaces = self.space[b.run]
+            ranks = spaces if self.system.capacity.num_spaces > 1 else np.zeros_like(spaces)
         return self.runner.run_step(self.rid[b.run].tolist(), b.hist, self.dsteps[b.run], self.q, spaces, ranks)
 
     def _link_rows(self, b: Batch, ratios, tracing: bool) -> tuple[dict, list[int]]:
@@ -507,14 +520,12 @@ class Engine:
 
     def _advance(self, run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draw each request's accepted tokens, grow the histories; returns (accepted, finished requests)."""
-        if self.accept_len.size == 1:  # one outcome (no draft tokens): every draw picks it, and the draws feed nothing else
-            acc = np.ones(len(run), self.accept_len.dtype)
-        else:
-            acc = self.accept_len[self.accept_cdf.searchsorted(self.rng.random(len(run)), side="right")]
+        one = self.accept_len.size == 1  # one outcome (no draft tokens): every draw picks it; the draws feed nothing else
         if len(run) == 1:  # batch size 1: the same bookkeeping on scalars
             i = int(run[0])
-            a = min(int(acc[0]), int(self.out[i] - self.generated[i]))
-            acc = np.array([a], acc.dtype)
+            drawn = 1 if one else int(self.accept_len[self.accept_cdf.searchsorted(self.rng.random(1), "right")[0]])
+            a = min(drawn, int(self.out[i] - self.generated[i]))
+            acc = np.array([a], self.accept_len.dtype)
             self.generated[i] += a
             self.hist[i] += a
             self.dsteps[i] += 1
@@ -524,6 +535,10 @@ class Engine:
                 return acc, run[:0]
             self.finish_s[i] = self.env.now
             return acc, run
+        if one:
+            acc = np.ones(len(run), self.accept_len.dtype)
+        else:
+            acc = self.accept_len[self.accept_cdf.searchsorted(self.rng.random(len(run)), side="right")]
         acc = np.minimum(acc, self.out[run] - self.generated[run])
         self.generated[run] += acc
         self.hist[run] += acc
@@ -572,7 +587,7 @@ class Engine:
             net = self._net_bytes[b.tokens_total] = (
                 costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu,
                 costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu)
-        tokens = int(acc.sum())
+        tokens = int(acc[0]) if acc.size == 1 else int(acc.sum())
         st.steps += 1
         st.tokens += float(tokens)
         st.busy_s += step_s
