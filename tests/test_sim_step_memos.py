@@ -60,3 +60,45 @@ def test_position_scan_skipped_only_for_a_checked_source():
     assert t.lookup([7], pos, checked=True).tolist() == [[[10, 13, -1]]]
     with pytest.raises(ValueError):
         t.lookup([7], np.array([[[0, -2]]]))
+
+
+def _general_batch(self, run):
+    """`Engine._batch`'s general path (what it computed for a batch of one before its shortcut)."""
+    m, n_gpu, q = self.cfg.model, self.cfg.num_gpus, self.q
+    hist = self.hist[run]
+    refs_req = q * np.minimum(hist, m.top_k).astype(float)
+    if self.system.tp:
+        ref_rank = np.full(n_gpu, refs_req.sum())
+        hist_rank = np.full(n_gpu, float(hist.sum()))
+        n_rank = np.full(n_gpu, float(len(run)))
+    else:
+        sp = self.space[run]
+        ref_rank = np.bincount(sp, weights=refs_req, minlength=n_gpu)
+        hist_rank = np.bincount(sp, weights=hist.astype(float), minlength=n_gpu)
+        n_rank = np.bincount(sp, minlength=n_gpu).astype(float)
+    return refs_req, ref_rank, hist_rank, n_rank
+
+
+@pytest.mark.parametrize("attention,draft", [("dp", 0), ("tp", 4)])
+def test_batch_of_one_is_the_general_batch(attention, draft):
+    from sim.costs import CostModel
+    from sim.engine import Engine
+    from sim.run import budget_for, build, load_config, load_workload, system_for_workload
+
+    tree = load_config({"system": "sglang", "attention": attention, "hardware": {"preset": "h200", "num_gpus": 8},
+                        "model": {"preset": "glm-5"}, "spec": {"draft_tokens": draft},
+                        "workload": {"num_requests": 6, "max_concurrency": 6, "seed": 2}}, None)
+    cfg = build(tree)
+    requests, source = load_workload(cfg)
+    system = system_for_workload(cfg, budget_for(cfg), requests, source)
+    eng = Engine(cfg, CostModel.load(cfg.hardware, cfg.model, None, overrides=cfg.costs), system, requests, source,
+                 None)
+    for i, (space, hist) in enumerate([(0, 5), (3, 2047), (7, 2048), (5, 131092), (2, 1)]):
+        eng.space[i], eng.hist[i] = space, hist
+        run = np.array([i], dtype=np.int64)
+        b = eng._batch(run)
+        want = _general_batch(eng, run)
+        got = (b.refs_req, b.ref_rank, b.hist_rank, b.n_rank)
+        for x, y in zip(got, want):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+        assert (b.n_total, b.tokens_total) == (1, eng.q)
