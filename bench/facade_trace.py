@@ -56,8 +56,8 @@ def record(name: str, out: str) -> None:
 
     def wrap_init(self, config):
         init(self, config)
-        ids[id(self)] = len(ids)
-        logs[ids[id(self)]] = [("__init__", (config,), {})]
+        ids[id(self)] = k = len(logs)  # (not len(ids): a dead cache's id() may be reused by a new one)
+        logs[k] = [("__init__", (config,), {})]
 
     def wrap(meth):
         orig = getattr(UlaCache, meth)
