@@ -83,20 +83,30 @@ class AddressSpace:
         self._next_index = 0
         self.num_allocated = 0
         self.listeners: list = []  # grow(old_layout) of tables laid out like the addresses (hisparse, buffer maps)
-        self._known = (None, None)  # (addresses, their storage positions) of the pending access batch (`remember`)
+        self._known = (None, None, None)  # (addresses, storage positions, home bounds) of the pending access batch
+        self._home_starts = np.arange(num_ranks + 1, dtype=np.int64) * slots_per_rank  # each home's first address
 
     def index(self, addrs: np.ndarray) -> np.ndarray:
         if addrs is self._known[0]:  # the pending batch (the facade located it): no second pass
             return self._known[1]
         return self.rows.index(addrs)
 
-    def remember(self, addrs: np.ndarray, ix: np.ndarray) -> None:
+    def remember(self, addrs: np.ndarray, ix: np.ndarray, bounds: list | None = None) -> None:
         """Note the storage positions `ix` of an access batch's addresses (read-only arrays, kept unchanged until
-        `forget`): `index` of that very array returns them (the TP local buffers locate the batch again)."""
-        self._known = (addrs, ix)
+        `forget`), and their home bounds when known: `index` and `home_bounds` of that very array return them (the
+        policy and the TP local buffers locate and cut the batch again)."""
+        self._known = (addrs, ix, bounds)
 
     def forget(self) -> None:
-        self._known = (None, None)
+        self._known = (None, None, None)
+
+    def home_bounds(self, addrs: np.ndarray) -> list:
+        """Position of each home rank's first address in the ascending `addrs`, and its size: R + 1 ints (homes are
+        ascending address ranges, so home r's addresses are addrs[bounds[r]:bounds[r + 1]])."""
+        known = self._known
+        if addrs is known[0] and known[2] is not None:  # the pending batch, cut when the facade located it
+            return known[2]
+        return addrs.searchsorted(self._home_starts).tolist()
 
     @property
     def scratch(self) -> np.ndarray:

@@ -238,10 +238,11 @@ class UlaCache:
                 raise ValueError("rank must be None in TP mode: every rank executes the batch")
             rank = self._rank(rank)
         if small:
-            uniq, ix, places, num_refs = self._translate_sorted(srt, lo)
+            uniq, ix, places, num_refs, bounds = self._translate_sorted(srt, lo)
         else:
-            uniq, ix, places, num_refs = self._translate_marker(flat, lo, hi)
-        space.remember(uniq, ix)  # (the TP local buffers locate the batch again; forgotten at commit)
+            (uniq, ix, places, num_refs), bounds = self._translate_marker(flat, lo, hi), None
+        space.remember(uniq, ix, bounds)  # (the policy and the TP local buffers locate and cut the batch again;
+        # forgotten at commit)
         if rank is not None and uniq.size:
             homes = self.space.home(uniq[[0, -1]])
             if homes[0] != rank or homes[1] != rank:
@@ -274,14 +275,15 @@ class UlaCache:
         num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
         return uniq, uix, places, num_refs
 
-    def _translate_sorted(self, s: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def _translate_sorted(self, s: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, list]:
         """`_translate_marker` of a batch much smaller than the storage (numpy), given sorted (`s`, min lo): the
         addresses themselves deduplicated (storage order is address order, so these are the same distinct
         addresses), then only the distinct ones located. Saves the storage positions of every reference and their
-        mapping back (~40 us of a 2048-reference batch); the sorted copy gave min and max for free."""
+        mapping back (~40 us of a 2048-reference batch); the sorted copy gave min and max for free. Also the
+        distinct addresses' home bounds (AddressSpace.home_bounds), which locating them cut."""
         n = s.size
         if not n:
-            return s.astype(np.int64), s.astype(np.int64), self.space.table[:0], 0
+            return s.astype(np.int64), s.astype(np.int64), self.space.table[:0], 0, [0] * (self.config.num_ranks + 1)
         pads = int(s.searchsorted(0)) if lo < 0 else 0  # -1 padding sorts first
         if pads:
             s = s[pads:]
@@ -292,18 +294,19 @@ class UlaCache:
             if np.count_nonzero(keep) < s.size:  # (one query token per request repeats none: no copy)
                 s = s[keep]
         s = s.astype(np.int64, copy=False)
-        ix = self._sorted_index(s) if s.size else s
+        ix, bounds = self._sorted_index(s) if s.size else (s, [0] * (self.config.num_ranks + 1))
         places = self.space.table.take(ix)  # take: no fancy-index set-up
         self._check_allocated(s, places, "selected")
-        return s, ix, places, n - pads
+        return s, ix, places, n - pads, bounds
 
-    def _sorted_index(self, a: np.ndarray) -> np.ndarray:
-        """Storage positions of ascending, in-range, distinct addresses; ValueError for one never handed out."""
-        rows = self.space.rows
-        if rows.identity:
+    def _sorted_index(self, a: np.ndarray) -> tuple[np.ndarray, list]:
+        """Storage positions of ascending, in-range, distinct addresses (ValueError for one never handed out), and
+        their home bounds (AddressSpace.home_bounds)."""
+        rows, R, n = self.space.rows, self.config.num_ranks, a.size
+        if rows.identity:  # (one rank)
             if int(a[-1]) >= self.space.table.size:
                 raise ValueError(f"selected holds unallocated address {int(a[-1])}")
-            return a
+            return a, [0] * R + [n]
         shift, end = self._row_tables(rows)
         h0, h1 = int(a[0]) // rows.stride, int(a[-1]) // rows.stride
         if h0 == h1:  # one home rank (a DP batch): one shift, and the last address is the largest
@@ -311,12 +314,13 @@ class UlaCache:
             if int(a[-1]) + sh >= int(end[h0]):
                 ix = a + sh
                 raise ValueError(f"selected holds unallocated address {int(a[np.flatnonzero(ix >= end[h0])[0]])}")
-            return a + sh
+            return a + sh, [0] * (h0 + 1) + [n] * (R - h0)
         # Several homes (TP): each home's addresses are one run of the ascending batch, so only each run's last
         # (largest) address is checked against its row's end, and each run gets its row's shift: repeated per run
         # (a small batch), or added by a slice (many addresses: in place, no per-address shift array). No per-address
         # home (a division), shift and end gathers.
         cuts = a.searchsorted(self._home_starts[h0 + 1:h1 + 1]).tolist()
+        bounds = [0] * (h0 + 1) + cuts + [n] * (R - h1)
         sh, ends = self._rows_lists
         if a.size < _RUN_SHIFT_MIN:
             los, his = [0] + cuts, cuts + [a.size]
@@ -324,7 +328,7 @@ class UlaCache:
             last = a.take([hi - 1 for hi, n in zip(his, lens) if n]).tolist()
             if any(x + sh[r] >= ends[r] for x, r in zip(last, [r for r, n in zip(range(h0, h1 + 1), lens) if n])):
                 return self._storage_index(a, "selected", allow_padding=False)  # raises, naming the first one
-            return a + shift[h0:h1 + 1].repeat(lens)
+            return a + shift[h0:h1 + 1].repeat(lens), bounds
         ix = a + sh[h0]
         for r, lo, hi in zip(range(h0, h1 + 1), [0] + cuts, cuts + [a.size]):  # loop over home ranks
             if lo == hi:
@@ -333,7 +337,7 @@ class UlaCache:
                 ix[lo:hi] += sh[r] - sh[h0]
             if int(ix[hi - 1]) >= ends[r]:
                 return self._storage_index(a, "selected", allow_padding=False)  # raises, naming the first one
-        return ix
+        return ix, bounds
 
     def _exchanges_of(self, plan: Plan) -> Exchanges:
         ps, bs = plan.policy_state, plan.buffer_state

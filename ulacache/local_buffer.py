@@ -74,7 +74,6 @@ class LocalBuffers:
         self.dense_limit = slot_map.DENSE_LIMIT_BYTES if dense_limit is None else dense_limit
         self.maps = slot_map.make_slot_maps(num_ranks, space, slots, self.dense_limit)
         space.listeners.append(self._refit_maps)  # after the dense table's own listener
-        self._cuts = np.arange(num_ranks + 1, dtype=np.int64) * self.slots_per_rank  # home bounds of addresses
         # The maps are the authority on which address each slot holds: the pool's owner table is written from them
         # only when read (`_sync_owners`, by `check`), not per batch (a random write per miss). Slots claimed by the
         # pending plan's misses (free ones; victims' slots stay taken) count as held from its commit on.
@@ -90,7 +89,7 @@ class LocalBuffers:
         (checked before the policy plans, so that a refused batch changes nothing)."""
         if self._checked[0] is uniq:  # the facade checked this batch before the policy planned it
             return self._checked[1]
-        bounds = np.searchsorted(uniq, self._cuts).tolist()
+        bounds = self.space.home_bounds(uniq)  # (the facade's cut of the pending batch)
         remote = [uniq.size - (b - a) for a, b in zip(bounds, bounds[1:])]
         if max(remote) > self.slots:
             r = next(r for r, n in enumerate(remote) if n > self.slots)

@@ -48,13 +48,14 @@ class PbLruPolicy(ExclusivePolicy):
         b, slots = self.buckets, self.cfg.gpu_slots
         if self.inserted >= self.epoch_volume:
             return True
-        cur = b.current_per_rank
-        if int(cur.max()) + addrs.size <= slots:  # no rank can run short (sufficient test: hits + misses)
+        cur = b.current_per_rank.tolist()
+        if max(cur) + addrs.size <= slots:  # no rank can run short (sufficient test: hits + misses)
             return False
         # Each address is a hit or a miss in its home rank's GPU pool, and homes are ascending address ranges: a
-        # rank's hits + misses are its addresses, counted by cutting the batch at the homes' first addresses.
-        cuts = addrs.searchsorted(self._home_starts)
-        return bool((cur + (cuts[1:] - cuts[:-1]) > slots).any())
+        # rank's hits + misses are its addresses, counted by cutting the batch at the homes' first addresses (as the
+        # facade cut it when it located the batch).
+        cuts = self.space.home_bounds(addrs)
+        return any(c + hi - lo > slots for c, lo, hi in zip(cur, cuts, cuts[1:]))
 
     def _select(self, hit_gidx, m_counts, n_miss, now, addrs):
         be, buckets = self.be, self.buckets
