@@ -17,6 +17,7 @@ by the fit and by `hw validate`). simpy is imported lazily so the pure functions
 from __future__ import annotations
 
 from heapq import heappop
+from itertools import count
 from types import MappingProxyType
 
 from sim.events import TraceRecorder
@@ -24,37 +25,26 @@ from sim.events import TraceRecorder
 HOST_CAP_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s")
 
 
-class _Count:
-    """Drop-in for simpy's event-id counter that also tells how many events were scheduled."""
-
-    def __init__(self):
-        self.n = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> int:
-        self.n += 1
-        return self.n
+def _next_id(ids) -> int:
+    """The next value of an `itertools.count()` (its repr is `count(N)`): how many ids it has given from 0."""
+    return int(repr(ids)[6:-1])
 
 
 def make_env():
     import simpy
 
-    env = simpy.Environment()
-    env._eid = _Count()
-    return env
+    return simpy.Environment()
 
 
 def events_scheduled(env) -> int:
-    return env._eid.n if isinstance(env._eid, _Count) else 0
+    """Events scheduled so far: simpy takes one id per event from its `itertools.count()` (from 0), in C."""
+    return _next_id(env._eid)
 
 
 def skip_events(env, n: int) -> None:
     """Count `n` events a caller computed instead of scheduling (a rank whose process provably changes nothing):
     `simpy_events` stays the count of the per-rank simulation it stands for, and later events keep their ids."""
-    if isinstance(env._eid, _Count):
-        env._eid.n += n
+    env._eid = count(_next_id(env._eid) + n)
 
 
 def _pop_spent_stops(env) -> None:
@@ -335,14 +325,19 @@ class Fabric:
     completion; a wake-up that a later re-plan superseded does nothing when it fires. Caps change only through
     `set_cap` (`caps` is a read-only view), so the memo knows when they did."""
 
+    shortcuts = True  # False: every done event and re-plan on simpy (the tests' reference)
+
     def __init__(self, env, caps: dict, recorder: TraceRecorder | None = None, groups=()):
+        from simpy.core import StopSimulation
         from simpy.events import Event, Timeout
 
         self.env, self.recorder = env, recorder
+        self._stop = StopSimulation.callback  # a run's `until` event: processed by simpy itself, never inline
         self._caps = dict(caps)
         self.caps = MappingProxyType(self._caps)
         self._event, self._timeout = Event, Timeout
-        # active flows in start order: [remaining, done, start, label, size, rate, owner, size * 1e-9]
+        # active flows in start order: [remaining, done, start, label, size, rate, owner, size * 1e-9, followed]
+        # (followed: processing its done event starts another flow, see `followed`)
         self._flows: list[list] = []
         self._sig: list[int] = []  # the route index of each active flow, in the same order
         self._route_idx: dict[int, int] = {}  # id(route dict) -> index
@@ -400,7 +395,7 @@ class Fabric:
         if idx is None:
             idx = self._register(route)
         size = float(num_bytes)
-        self._flows.append([size, done, env.now, label, size, 0.0, owner, size * 1e-9])
+        self._flows.append([size, done, env.now, label, size, 0.0, owner, size * 1e-9, False])
         self._sig.append(idx)
         if self._held:
             self._dirty = True
@@ -530,6 +525,7 @@ class Fabric:
         self._last = now
 
     def _replan(self):
+        """Rates of the active flows, and a wake-up at the first end."""
         flows = self._flows
         if not flows:
             return
@@ -568,11 +564,50 @@ class Fabric:
                 sig = self._sig
                 self._flows = [e for k, e in enumerate(flows) if k not in gone]
                 self._sig = [x for k, x in enumerate(sig) if k not in gone]
+            env = self.env
+            queue = env._queue
+            # nothing else at this instant: simpy would process the done events next, in order, before any event
+            # their callbacks schedule (those take later ids than this wake-up's re-plan); so they are counted and
+            # their callbacks run here, after the re-plan, as simpy's `step` would run them
+            inline = self.shortcuts and (not queue or queue[0][0] > now)
+            if inline:
+                for e in done:
+                    if self._stop in e[1].callbacks:
+                        inline = False
+            followed = False
             for e in done:
                 if self.recorder is not None:
                     self.recorder.span(e[6].name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
-                e[1].succeed()
+                if inline:
+                    next(env._eid)
+                else:
+                    e[1].succeed()
+                followed = followed or e[8]
+            if followed and self._flows and self.shortcuts:
+                # a done event just scheduled starts a flow when processed, at this instant (before the clock moves
+                # or this wake-up could fire: it is queued before it), and that start re-plans: this plan would be
+                # superseded unread, so only its event (a wake-up that would do nothing) is counted
+                next(env._eid)
+                self._pending = None
+            else:
+                self._replan()
+            if inline:
+                for e in done:
+                    ev = e[1]
+                    ev._ok, ev._value = True, None
+                    callbacks, ev.callbacks = ev.callbacks, None
+                    for callback in callbacks:
+                        callback(ev)
+            return
         self._replan()
+
+    def followed(self, done) -> None:
+        """Say that processing the done event of the active flow `done` starts another flow (a chained fetch): the
+        re-plan of the wake-up that ends it is then skipped, as that start supersedes it at the same instant."""
+        for e in reversed(self._flows):
+            if e[1] is done:
+                e[8] = True
+                return
 
 
 class Route:
@@ -622,6 +657,11 @@ class Node:
     def release(self) -> None:
         if self.fabric is not None:
             self.fabric.release()
+
+    def followed(self, done) -> None:
+        """Processing the transfer event `done` starts another transfer (see Fabric.followed)."""
+        if self.fabric is not None:
+            self.fabric.followed(done)
 
     def idle(self) -> bool:
         """No transfer in flight on any link (pending wake-ups, if any, are stale and change nothing)."""

@@ -357,6 +357,7 @@ class StepTimer:
             fetched.callbacks.append(lambda _e: done.succeed())
 
         after.callbacks.append(go)
+        self.node.followed(after)
         return done
 
     def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: list[list[float]]):
