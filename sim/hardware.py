@@ -16,7 +16,7 @@ by the fit and by `hw validate`). simpy is imported lazily so the pure functions
 """
 from __future__ import annotations
 
-from heapq import heappop
+from heapq import heappop, heappush
 from itertools import count
 from types import MappingProxyType
 
@@ -194,30 +194,48 @@ def maxmin_rates(routes: list[dict], caps: dict) -> list[float]:
     """Max-min fair rates (progressive filling) of flows sharing capacitated resources.
 
     routes[f] maps resource name -> weight (resource load per unit of the flow's rate); caps maps resource name ->
-    capacity (resources missing from caps are uncapped). Every flow must cross at least one capped resource."""
+    capacity (resources missing from caps are uncapped). Every flow must cross at least one capped resource.
+    Each round, every resource's load sums its active flows' weights in flow order and each resource's use grows
+    by step * weight flow by flow in flow order (the float operations do not depend on the bookkeeping)."""
     n = len(routes)
     rates = [0.0] * n
-    active = set(range(n))
     crossed = set().union(*routes) if routes else set()
-    caps = {res: cap for res, cap in caps.items() if res in crossed}  # the others never load nor fill
-    used = dict.fromkeys(caps, 0.0)
+    names = [res for res in caps if res in crossed]  # the others never load nor fill
+    cap = [caps[res] for res in names]
+    slot = {res: k for k, res in enumerate(names)}
+    by_res: list[list] = [[] for _ in names]  # per capped resource: [(flow, weight)] in flow order
+    mine: list[list] = []  # per flow: [(resource slot, weight)] in its route's order
+    for f, route in enumerate(routes):
+        row = []
+        for res, w in route.items():
+            k = slot.get(res)
+            if k is not None:
+                row.append((k, w))
+                by_res[k].append((f, w))
+        mine.append(row)
+    used = [0.0] * len(names)
+    on = [True] * n
+    active = list(range(n))
     while active:
         step, tight = None, None
-        for res, cap in caps.items():
-            w = sum(routes[f].get(res, 0.0) for f in active)
+        for k, c in enumerate(cap):
+            w = sum([x for f, x in by_res[k] if on[f]])
             if w > 0:
-                d = max(0.0, cap - used[res]) / w
+                d = max(0.0, c - used[k]) / w
                 if step is None or d < step:
-                    step, tight = d, res
+                    step, tight = d, k
         if step is None:
             raise ValueError("a flow crosses no capped resource")
         for f in active:
             rates[f] += step
-            for res, w in routes[f].items():
-                if res in used:
-                    used[res] += step * w
-        full = {res for res, cap in caps.items() if used[res] >= cap * (1 - 1e-12)} | {tight}
-        active = {f for f in active if not any(res in full for res in routes[f])}
+            for k, w in mine[f]:
+                used[k] += step * w
+        full = [used[k] >= c * (1 - 1e-12) for k, c in enumerate(cap)]
+        full[tight] = True
+        for f in active:
+            if any(full[k] for k, _ in mine[f]):
+                on[f] = False
+        active = [f for f in active if on[f]]
     return rates
 
 
@@ -390,12 +408,17 @@ class Fabric:
     def start(self, owner, num_bytes: float, route: dict, label: str):
         env = self.env
         done = self._event(env)
-        self._advance()
+        now = env._now
+        dt = now - self._last  # advance the flows to now
+        if dt > 0:
+            for e in self._flows:
+                e[0] -= e[5] * dt
+        self._last = now
         idx = self._route_idx.get(id(route))
         if idx is None:
             idx = self._register(route)
         size = float(num_bytes)
-        self._flows.append([size, done, env.now, label, size, 0.0, owner, size * 1e-9, False])
+        self._flows.append([size, done, now, label, size, 0.0, owner, size * 1e-9, False])
         self._sig.append(idx)
         if self._held:
             self._dirty = True
@@ -516,14 +539,6 @@ class Fabric:
                                          for res, w in key}
         return route
 
-    def _advance(self):
-        now = self.env.now
-        dt = now - self._last
-        if dt > 0:
-            for e in self._flows:
-                e[0] -= e[5] * dt
-        self._last = now
-
     def _replan(self):
         """Rates of the active flows, and a wake-up at the first end."""
         flows = self._flows
@@ -534,7 +549,7 @@ class Fabric:
         ev.callbacks.append(self._wake)
 
     def _wake(self, ev):
-        """The pending wake-up: advance every flow (as `_advance`), finish those whose remainder is float noise of
+        """The pending wake-up: advance every flow (as `start` does), finish those whose remainder is float noise of
         their own size or would take less than the clock's resolution (float time grows with the run), re-plan."""
         if ev is not self._pending:
             return  # superseded by a later re-plan
@@ -565,21 +580,22 @@ class Fabric:
                 self._flows = [e for k, e in enumerate(flows) if k not in gone]
                 self._sig = [x for k, x in enumerate(sig) if k not in gone]
             env = self.env
-            queue = env._queue
-            # nothing else at this instant: simpy would process the done events next, in order, before any event
-            # their callbacks schedule (those take later ids than this wake-up's re-plan); so they are counted and
-            # their callbacks run here, after the re-plan, as simpy's `step` would run them
-            inline = self.shortcuts and (not queue or queue[0][0] > now)
+            # done events in place: each takes its id now, as `succeed` would, and after the re-plan (as simpy's
+            # `step` would next) its callbacks run here -- while nothing else is due before it (an event queued at
+            # this instant earlier, or an urgent one a callback scheduled); from the first that is not, the rest
+            # are queued with their ids. A run's `until` event is left to simpy (its stop).
+            inline = self.shortcuts
             if inline:
                 for e in done:
                     if self._stop in e[1].callbacks:
                         inline = False
             followed = False
+            ids = []
             for e in done:
                 if self.recorder is not None:
                     self.recorder.span(e[6].name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
                 if inline:
-                    next(env._eid)
+                    ids.append(next(env._eid))
                 else:
                     e[1].succeed()
                 followed = followed or e[8]
@@ -592,9 +608,15 @@ class Fabric:
             else:
                 self._replan()
             if inline:
-                for e in done:
+                queue = env._queue
+                for k, e in enumerate(done):
                     ev = e[1]
                     ev._ok, ev._value = True, None
+                    if queue and queue[0] < (now, 1, ids[k]):
+                        for j in range(k, len(done)):
+                            done[j][1]._ok, done[j][1]._value = True, None
+                            heappush(queue, (now, 1, ids[j], done[j][1]))
+                        break
                     callbacks, ev.callbacks = ev.callbacks, None
                     for callback in callbacks:
                         callback(ev)
@@ -706,7 +728,10 @@ class Node:
         host-side caps shrink to that share (all GPUs load the host alike). No-op without a node model."""
         if self.fabric is None:
             return
-        self._explicit = True
+        if not self._explicit:
+            self._explicit = True
+            for link in self.h2d + self.d2h:
+                link.on_use = None  # (`_saw` only counts ranks until now)
         self._scale(len(set(ranks)))
 
     def _saw(self, rank: int) -> None:

@@ -1,6 +1,8 @@
 """The Fabric's shortcuts change no bit: the rank-renamed max-min memo, and one re-plan per batch of starts."""
 import random
 
+import numpy as np
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -134,3 +136,49 @@ def _trace_all_of(seed: int, use_simpy: bool) -> list:
 @given(st.integers(0, 2**32 - 1))
 def test_all_of_orders_events_as_simpy_allof(seed):
     assert _trace_all_of(seed, use_simpy=False) == _trace_all_of(seed, use_simpy=True)
+
+
+def _maxmin_reference(routes, caps):
+    """maxmin_rates as first written (sets and per-round sums over every active flow): the float operations the
+    bookkeeping of the current one must keep."""
+    n = len(routes)
+    rates = [0.0] * n
+    active = set(range(n))
+    crossed = set().union(*routes) if routes else set()
+    caps = {res: cap for res, cap in caps.items() if res in crossed}
+    used = dict.fromkeys(caps, 0.0)
+    while active:
+        step, tight = None, None
+        for res, cap in caps.items():
+            w = sum(routes[f].get(res, 0.0) for f in active)
+            if w > 0:
+                d = max(0.0, cap - used[res]) / w
+                if step is None or d < step:
+                    step, tight = d, res
+        for f in active:
+            rates[f] += step
+            for res, w in routes[f].items():
+                if res in used:
+                    used[res] += step * w
+        full = {res for res, cap in caps.items() if used[res] >= cap * (1 - 1e-12)} | {tight}
+        active = {f for f in active if not any(res in full for res in routes[f])}
+    return rates
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_maxmin_rates_keep_the_reference_float_operations(seed):
+    rng = np.random.default_rng(seed)
+    num_ranks = int(rng.integers(1, 9))
+    caps = {}
+    for r in range(num_ranks):
+        caps[f"h2d{r}"], caps[f"d2h{r}"], caps[f"nvl{r}"] = (float(rng.uniform(1e10, 6e10)), float(rng.uniform(1e10, 6e10)),
+                                                              float(rng.uniform(1e11, 4e11)))
+    caps["pcie_host_cap_bytes_s"] = float(rng.uniform(5e10, 2e11))
+    if rng.random() < 0.5:
+        caps["pcie_host_h2d_cap_bytes_s"] = float(rng.uniform(5e10, 2e11))
+    kinds = [lambda r, w: {f"h2d{r}": 1.0, "pcie_host_h2d_cap_bytes_s": w, "pcie_host_cap_bytes_s": w},
+             lambda r, w: {f"d2h{r}": 1.0, "pcie_host_d2h_cap_bytes_s": w, "pcie_host_cap_bytes_s": w},
+             lambda r, w: {f"nvl{r}": 1.0}]
+    routes = [kinds[int(rng.integers(3))](int(rng.integers(num_ranks)), float(rng.uniform(1.0, 1.5)))
+              for _ in range(int(rng.integers(1, 30)))]  # (weights differ per route: the sums' order shows)
+    assert maxmin_rates(routes, caps) == _maxmin_reference(routes, caps)

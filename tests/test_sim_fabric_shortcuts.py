@@ -118,3 +118,32 @@ def test_done_events_wait_for_events_due_at_their_instant(monkeypatch):
     assert fast == _coinciding(monkeypatch, False)
     assert [name for name, _ in fast[0]] == ["gpu0 pcie h2d", "gpu1 pcie h2d", "gpu0 nvlink in"]
     assert fast[0][1][1] == fast[0][2][1]
+
+
+def _urgent(monkeypatch, fast: bool):
+    """Two equal H2Ds (ranks 0 and 1) end at one wake-up; the first's done event starts a process, whose urgent
+    Initialize simpy runs before the second done event: rank 0's fetch starts before rank 1's."""
+    monkeypatch.setattr(Fabric, "shortcuts", fast)
+    monkeypatch.setattr(Fabric, "start", _START)
+    costs = CostModel.load("h200", "glm-5")
+    env = make_env()
+    node = Node(env, 2, costs)
+    node.simulate([0, 1])
+    starts = []
+    monkeypatch.setattr(Fabric, "start", lambda self, owner, *a: starts.append((owner.name, self.env.now))
+                        or _START(self, owner, *a))
+
+    def fetch():
+        yield node.nvlink[0].transfer(1e6)
+
+    a, b = node.h2d[0].transfer(2e6), node.h2d[1].transfer(2e6)
+    a.callbacks.append(lambda _e: env.process(fetch()))
+    b.callbacks.append(lambda _e: node.nvlink[1].transfer(1e6))
+    env.run()
+    return starts, env.now, events_scheduled(env)
+
+
+def test_an_urgent_event_scheduled_in_place_runs_before_the_next_done_event(monkeypatch):
+    fast = _urgent(monkeypatch, True)
+    assert fast == _urgent(monkeypatch, False)
+    assert [name for name, _ in fast[0]] == ["gpu0 pcie h2d", "gpu1 pcie h2d", "gpu0 nvlink in", "gpu1 nvlink in"]
