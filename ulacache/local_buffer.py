@@ -44,7 +44,7 @@ class _BufState:
     counts: np.ndarray  # misses per rank
     dests: np.ndarray  # buffer-local places
     uix: np.ndarray  # the batch's address-storage positions
-    writes: list  # map writes at commit before the misses go in (slot_map `drop`s of the victims)
+    writes: list  # map writes at commit before the misses go in (slot_map `drop_rows`/`drop` of the victims)
 
     @property
     def miss_addrs(self) -> np.ndarray:
@@ -205,7 +205,7 @@ class LocalBuffers:
             require(np.array_equal(keys, owners[sel][order]), "local-buffer map keys disagree with the owners")
             require(np.array_equal(vals, occ[sel][order] - r * self.seg), "local-buffer map slots disagree")
         held = np.unique(owners)
-        self.log.check(require, self.space.index(held))
+        self.log.check(require, self.space.index(held), self.maps)
         last, front = self.log.last, self.log.front
         for r in range(self.R):  # loop over ranks: the copies held are those `lookup` reads from the stamps
             keys, _ = self.maps.items(r)

@@ -234,6 +234,7 @@ class StampLog:
         self.stamps: list[int] = []  # per batch, ascending
         self.batches: list[np.ndarray] = []  # storage positions of its addresses, ascending
         self.left: list[np.ndarray] = []  # per batch: candidates left per rank (an upper bound)
+        self.rows: list[np.ndarray | None] = []  # per batch read and left with candidates: its maps rows (`select`)
         self.size = 0
         self.limit = 0  # size that triggers a compaction
         # Per rank the newest batch it took victims from (0: none yet). Victims go oldest batch first, so a rank holds
@@ -290,10 +291,12 @@ class StampLog:
             self.size -= self.batches[-1].size
             self.batches[-1] = a
             self.left[-1] = self.left[-1] + counts
+            self.rows[-1] = None  # this plan's commit writes rows of its addresses
         else:
             self.stamps.append(int(stamp))
             self.batches.append(a)
             self.left.append(np.asarray(counts, dtype=np.int64).copy())
+            self.rows.append(None)
         self.size += a.size
         if self.size > self.limit:
             self.compact()
@@ -301,95 +304,117 @@ class StampLog:
     def compact(self) -> None:
         """Drop dead addresses (order kept)."""
         keep = []
-        for s, a, left in zip(self.stamps, self.batches, self.left):  # loop over batches
-            a = a[self.last.take(a) == s]
+        for s, a, left, rows in zip(self.stamps, self.batches, self.left, self.rows):  # loop over batches
+            live = self.last.take(a) == s
+            a = a[live]
             if a.size:
-                keep.append((s, a, left))
-        self.stamps, self.batches, self.left = [t[0] for t in keep], [t[1] for t in keep], [t[2] for t in keep]
+                keep.append((s, a, left, None if rows is None else rows[live]))
+        self.stamps, self.batches, self.left, self.rows = ([t[i] for t in keep] for i in range(4))
         self.size = sum(a.size for a in self.batches)
         self.limit = COMPACT_FACTOR * max(self.size, int(self.pool.in_use.sum())) + COMPACT_FLOOR * self.pool.R
 
     def select(self, need: np.ndarray, maps) -> tuple[np.ndarray, np.ndarray, list]:
         """Per rank the need[r] candidates with the smallest (stamp, slot), as buffer-local places (r * seg + slot,
         int64) grouped by rank in that order; found[r]; and the victims' removal from the maps, for the plan's commit
-        (`maps.drop` of each batch read, for `maps.write`). `maps`: the buffers' slot maps (`rank_major`: every
-        rank's slot + 1 of addresses)."""
+        (`maps.drop_rows`, hash maps `maps.drop`, of each batch read, for `maps.write`). `maps`: the buffers' slot
+        maps (dense: `rows` of addresses; hash: `rank_major`, every rank's slot + 1). A batch read and left with
+        candidates keeps (dense maps) the maps' rows of its addresses as this plan's commit leaves them: its next
+        read takes its live ones from there, not from the table (no one else writes those rows: the addresses of
+        later batches are dead in it; `append` drops them when a batch is logged again at its stamp). Per rank the
+        candidates are the row's nonzero cells: slot + 1 - 1 as unsigned wraps the empty ones to the top, so a
+        partition of the whole row (then a sort of the t taken) finds the t smallest without gathering them."""
         R, seg = self.pool.R, self.pool.seg
         need = np.asarray(need, dtype=np.int64).copy()
-        mine: list[list[np.ndarray]] = [[] for _ in range(R)]  # per rank: slots + 1 taken, per batch read
-        found, taken, every = np.zeros(R, dtype=np.int64), [], None
+        mine: list[list[np.ndarray]] = [[] for _ in range(R)]  # per rank: slots taken, per batch read
+        found, taken = np.zeros(R, dtype=np.int64), []
+        dense = maps.by_index
         k = 0
         while k < len(self.batches) and need.any():  # batches oldest first; a batch left with candidates stays
             if not np.logical_and(self.left[k] > 0, need > 0).any():  # nothing here for the ranks that need
                 k += 1
                 continue
-            ix = self.batches[k]
+            ix, rows = self.batches[k], self.rows[k] if dense else None
             live = self.last.take(ix) == self.stamps[k]
             if not live.all():
                 ix = ix[live]
-            a = None if maps.by_index else self.space.rows.ids(ix)
-            held = maps.rank_major(a, ix)  # (R, live addresses) slot + 1, 0: no copy
+                if rows is not None:
+                    rows = rows[live]
+            a = None if dense else self.space.rows.ids(ix)
+            if dense:
+                if rows is None:
+                    rows = maps.rows(ix)
+                held = np.ascontiguousarray(maps.cells(rows).T)  # (R, live addresses) slot + 1, 0: no copy
+            else:
+                held = maps.rank_major(a, ix)
+            n = ix.size
             mask = held != 0  # (nonzero of a bool array is ~5x faster than of int32)
             have = _row_counts(mask)
             take = np.minimum(have, need)
-            rows = np.flatnonzero(take)
-            if rows.size:
-                self.front[rows] = self.stamps[k]
-                if every is None:  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
-                    every = np.iinfo(held.dtype).max
-                sub, m = (held, mask) if rows.size == R else (held.take(rows, axis=0), mask.take(rows, axis=0))
-                cand = sub.reshape(-1).take(np.flatnonzero(m))  # slots + 1, in address order within a rank
-                # per rank the take[r] smallest, in order (a partition first where it takes fewer than it has), up
-                # to lim[r] (held's dtype: comparing it with int64 casts every cell)
+            sel = np.flatnonzero(take)
+            if sel.size:
+                self.front[sel] = self.stamps[k]
+                # per rank the take[r] smallest slots, in order (empty cells wrap to the top); 16 bits: the stable
+                # sort is a radix sort, O(n): ~8x faster than partition + quicksort; lim[r]: the largest taken slot + 1
+                # (held's dtype: comparing it with int64 casts every cell)
+                slots = held.view(_UNSIGNED[held.dtype.itemsize]) - 1
                 lim = np.zeros(R, dtype=held.dtype)
                 radix = held.dtype.itemsize <= 2
-                e = 0
-                for r in rows.tolist():  # loop over ranks
-                    c, t = int(have[r]), int(take[r])
-                    got = cand[e:e + c]
-                    e += c
-                    if radix:  # 16 bits: the stable sort is a radix sort, O(c): ~8x faster than partition + quicksort
-                        got = np.sort(got, kind="stable")[:t]  # ... whole, then the t smallest (no partition)
-                        lim[r] = got[t - 1] if t < c else every
+                every = np.iinfo(held.dtype).max  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
+                for r in sel.tolist():  # loop over ranks
+                    t = int(take[r])
+                    x = slots[r]
+                    if radix:
+                        got = np.sort(x, kind="stable")[:t]
                     else:
-                        if t < c:
-                            got = np.partition(got, t - 1)[:t]
-                            lim[r] = got[t - 1]
-                        else:
-                            lim[r] = every
+                        got = np.partition(x, t - 1)[:t] if t < n else x.copy()
                         got.sort()
+                    lim[r] = int(got[t - 1]) + 1 if t < have[r] else every
                     mine[r].append(got)
                 found += take
-                keep = held > lim[:, None]  # copies not taken (held ones only: lim >= 0)
-                taken.append(maps.drop(ix, a, held, held * keep))
                 need -= take
+                if dense:
+                    change, rows = maps.drop_rows(ix, rows, lim)
+                    taken.append(change)
+                else:
+                    taken.append(maps.drop(ix, a, held, held * (held > lim[:, None])))
+                keep = None
             else:
                 keep = mask
             left = have - take
             if left.any():
+                if keep is None:
+                    keep = held > lim[:, None]  # copies not taken (held ones only: lim >= 0)
                 anyh = keep.any(axis=0)  # addresses no rank holds once this plan commits are no candidates again
                 if not anyh.all():
                     ix = ix[anyh]
+                    if dense:
+                        rows = rows[anyh]
                 self.size += ix.size - self.batches[k].size
-                self.batches[k], self.left[k] = ix, left
+                self.batches[k], self.left[k], self.rows[k] = ix, left, rows if dense else None
                 k += 1
             else:
                 self.size -= self.batches[k].size
-                del self.stamps[k], self.batches[k], self.left[k]
+                del self.stamps[k], self.batches[k], self.left[k], self.rows[k]
         out = []  # rank r's slot s is buffer-local place r * seg + s
         for r, parts in enumerate(mine):  # loop over ranks
             if parts:
-                out.append(np.add(np.concatenate(parts) if len(parts) > 1 else parts[0], r * seg - 1, dtype=np.int64))
+                out.append(np.add(np.concatenate(parts) if len(parts) > 1 else parts[0], r * seg, dtype=np.int64))
         return (np.concatenate(out) if len(out) > 1 else (out[0] if out else _EMPTY)), found, taken
 
-    def check(self, require, ix: np.ndarray) -> None:
-        """Every held address (storage positions `ix`) is in the logged batch of its last stamp."""
+    def check(self, require, ix: np.ndarray, maps=None) -> None:
+        """Every held address (storage positions `ix`) is in the logged batch of its last stamp; the rows a batch
+        keeps are the maps' rows of its live addresses."""
         last = self.last.take(ix)
         at = dict(zip(self.stamps, self.batches))
         for s in np.unique(last).tolist():  # loop over stamps (tests only)
             batch = at.get(s)
             mine = ix[last == s]
             require(batch is not None and np.isin(mine, batch).all(), "a held copy is missing from the LRU log")
+        for s, a, rows in zip(self.stamps, self.batches, self.rows):  # loop over batches (tests only)
+            if rows is not None and maps is not None and maps.by_index:
+                live = self.last.take(a) == s
+                require(rows.size == a.size and np.array_equal(maps.cells(rows[live]), maps.cells(maps.rows(a[live]))),
+                        "a logged batch's rows disagree with the maps")
 
 
 def _row_counts(mask: np.ndarray) -> np.ndarray:
@@ -400,6 +425,7 @@ def _row_counts(mask: np.ndarray) -> np.ndarray:
 
 COMPACT_FACTOR = 4  # logged addresses allowed per live one (or per slot in use) before dead ones are dropped
 COMPACT_FLOOR = 4096  # ... and per rank beyond that
+_UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}  # held's cells as unsigned (slot + 1 - 1 wraps 0 to the top)
 
 
 __all__ = ["COMPACT_FACTOR", "COMPACT_FLOOR", "LruLog", "StampLog"]

@@ -82,9 +82,18 @@ class DenseSlotMaps:
 
     def rank_major(self, addrs: np.ndarray, ix: np.ndarray) -> np.ndarray:
         """(R, len(addrs)) slot + 1 of every rank, 0 where it holds no copy (`ix`: the storage positions)."""
-        return np.ascontiguousarray(self._row_items.take(ix).view(self._dt["s"].base).reshape(ix.size, self.R).T)
+        return np.ascontiguousarray(self.cells(self.rows(ix)).T)
 
-    by_index = True  # looks up by storage position (`rank_major`, `drop` need no addresses)
+    def rows(self, ix: np.ndarray) -> np.ndarray:
+        """The rows at storage positions `ix`, one item per address (its R cells as raw bytes: `cells` reads them,
+        `write` takes them back)."""
+        return self._row_items.take(ix)
+
+    def cells(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), R) slot + 1 of `rows` (address-major, a view)."""
+        return rows.view(self._dt["s"].base).reshape(rows.size, self.R)
+
+    by_index = True  # looks up by storage position (`rank_major`, `rows` need no addresses)
 
     @property
     def _row_items(self) -> np.ndarray:
@@ -101,13 +110,17 @@ class DenseSlotMaps:
         absent = np.ascontiguousarray((rows.view(self._dt["s"].base).reshape(U, R) == 0).T)  # (R, U) as bytes
         return (*misses_by_rank(absent, bounds), rows)
 
-    def drop(self, ix: np.ndarray, addrs, held: np.ndarray, kept: np.ndarray):
-        """The write (for `write`) that removes the copies a selection took (lru_log.StampLog.select): the rows at
-        storage positions `ix` read as `held` (rank-major slot + 1) become `kept` (the victims' cells 0)."""
-        return ix, np.ascontiguousarray(kept.T).view(self._row_items.dtype).reshape(-1)
+    def drop_rows(self, ix: np.ndarray, rows: np.ndarray, lim: np.ndarray):
+        """The write (for `write`) that removes the copies a selection took (lru_log.StampLog.select) from `rows`
+        (at storage positions `ix`, as read): rank r's cells above lim[r] kept, the others 0 (one flat pass against
+        lim tiled (`_tile`): no transposes); and the kept rows (as `rows`)."""
+        flat = self.cells(rows).reshape(-1)
+        kept = flat * (flat > _tile(lim, rows.size))
+        kept = kept.view(self._row_items.dtype)
+        return (ix, kept), kept
 
     def write(self, change) -> None:
-        """Apply a `drop` made from rows unchanged since they were read: each row written back whole (one
+        """Apply a `drop_rows` made from rows unchanged since they were read: each row written back whole (one
         write per address instead of one per rank and key)."""
         ix, rows = change
         np.put(self._row_items, ix, rows)  # (in the replays np.put measured faster than item assignment here)
@@ -146,6 +159,18 @@ class DenseSlotMaps:
         col = self.table[:, r]
         at = np.flatnonzero(col)
         return self.space.rows.ids(at, layout), col[at].astype(np.int64) - 1
+
+
+def _tile(a: np.ndarray, n: int) -> np.ndarray:
+    """np.tile(a, n) of a short `a` by doubling copies (np.tile copies `a` n times: one memcpy call each)."""
+    out = np.empty(a.size * n, dtype=a.dtype)
+    k = min(a.size, out.size)
+    out[:k] = a[:k]
+    while k < out.size:
+        m = min(k, out.size - k)
+        out[k:k + m] = out[:m]
+        k += m
+    return out
 
 
 def misses_by_rank(absent: np.ndarray, bounds: list[int]):
@@ -337,7 +362,8 @@ class HashSlotMaps:
         return hits, np.concatenate(miss), m_counts, None
 
     def drop(self, ix: np.ndarray, addrs: np.ndarray, held: np.ndarray, kept: np.ndarray):
-        """DenseSlotMaps.drop: the keys to delete per rank."""
+        """The write (for `write`) that removes the copies a selection took: rank-major `held` (slot + 1 of
+        `addrs`) become `kept`; the keys to delete per rank."""
         taken = held != kept
         return [(r, addrs[taken[r]]) for r in np.flatnonzero(taken.any(axis=1)).tolist()]  # loop over ranks
 
