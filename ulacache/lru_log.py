@@ -395,11 +395,12 @@ class StampLog:
             else:
                 self.size -= self.batches[k].size
                 del self.stamps[k], self.batches[k], self.left[k], self.rows[k]
-        out = []  # rank r's slot s is buffer-local place r * seg + s
+        out, e = np.empty(int(found.sum()), dtype=np.int64), 0  # rank r's slot s is buffer-local place r * seg + s
         for r, parts in enumerate(mine):  # loop over ranks
-            if parts:
-                out.append(np.add(np.concatenate(parts) if len(parts) > 1 else parts[0], r * seg, dtype=np.int64))
-        return (np.concatenate(out) if len(out) > 1 else (out[0] if out else _EMPTY)), found, taken
+            for got in parts:  # loop over the batches read
+                np.add(got, r * seg, out=out[e:e + got.size], dtype=np.int64)
+                e += got.size
+        return out, found, taken
 
     def check(self, require, ix: np.ndarray, maps=None) -> None:
         """Every held address (storage positions `ix`) is in the logged batch of its last stamp; the rows a batch

@@ -112,12 +112,11 @@ class DenseSlotMaps:
 
     def drop_rows(self, ix: np.ndarray, rows: np.ndarray, lim: np.ndarray):
         """The write (for `write`) that removes the copies a selection took (lru_log.StampLog.select) from `rows`
-        (at storage positions `ix`, as read): rank r's cells above lim[r] kept, the others 0 (one flat pass against
-        lim tiled (`_tile`): no transposes); and the kept rows (as `rows`)."""
+        (at storage positions `ix`, as read; the caller's copy, changed in place): rank r's cells above lim[r] kept,
+        the others 0 (one flat pass against lim tiled (`_tile`): no transposes); and the kept rows (`rows`)."""
         flat = self.cells(rows).reshape(-1)
-        kept = flat * (flat > _tile(lim, rows.size))
-        kept = kept.view(self._row_items.dtype)
-        return (ix, kept), kept
+        np.multiply(flat, flat > _tile(lim, rows.size), out=flat)  # (in place: `rows` is the caller's copy)
+        return (ix, rows), rows
 
     def write(self, change) -> None:
         """Apply a `drop_rows` made from rows unchanged since they were read: each row written back whole (one
