@@ -10,35 +10,21 @@ import os
 import sys
 import time
 
+from tpbuf_replay_ab import time_buffers  # (this script's folder is on sys.path)
+
 import sim
-from ulacache import local_buffer
 
 _DROP = {"sim_wall_s", "peak_rss_bytes", "sim_cpu_s", "est_peak_memory_bytes"}  # as /work/notes/ident.py
-_BUFFERS_S = [0.0]
-
-
-def _timed(name: str) -> None:
-    f = getattr(local_buffer.LocalBuffers, name)
-
-    def g(*a, **k):
-        t = time.process_time()
-        try:
-            return f(*a, **k)
-        finally:
-            _BUFFERS_S[0] += time.process_time() - t
-
-    setattr(local_buffer.LocalBuffers, name, g)
 
 
 def main() -> None:
-    for name in ("plan", "commit", "invalidate"):
-        _timed(name)
+    buffers_s = time_buffers()
     t = time.process_time()
     m = sim.replay(sys.argv[1])
     kept = {k: v for k, v in sorted(m.items()) if "wall" not in k and k not in _DROP}
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
     print(json.dumps({"tree": os.environ.get("PYTHONPATH"), "config": sys.argv[1],
-                      "cpu_s": round(time.process_time() - t, 2), "buffers_cpu_s": round(_BUFFERS_S[0], 2),
+                      "cpu_s": round(time.process_time() - t, 2), "buffers_cpu_s": round(buffers_s[0], 2),
                       "load": round(os.getloadavg()[0], 2), "metrics_digest": digest}))
 
 

@@ -30,10 +30,16 @@ def _timed(name: str) -> None:
     setattr(local_buffer.LocalBuffers, name, g)
 
 
-def main() -> None:
-    preset, draft, b1 = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["b1"]
+def time_buffers() -> list[float]:
+    """Wrap LocalBuffers.plan/commit/invalidate with CPU timers; returns the one-element list they add into."""
     for name in ("plan", "commit", "invalidate"):
         _timed(name)
+    return _BUFFERS_S
+
+
+def main() -> None:
+    preset, draft, b1 = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["b1"]
+    time_buffers()
     workload = {"num_requests": 4, "max_concurrency": 1} if b1 else {"num_requests": 24, "max_concurrency": 24}
     cfg = {"system": "ulacache", "attention": "tp", "hardware": {"preset": preset, "num_gpus": 8}, "policy": "pb-lru",
            "cpu_storage": True, "model": {"preset": "glm-5"}, "spec": {"draft_tokens": draft},

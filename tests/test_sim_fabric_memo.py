@@ -2,7 +2,6 @@
 import random
 
 import numpy as np
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
