@@ -13,6 +13,25 @@ from sim.timing import GroupWork, StepTimer
 _START = Fabric.start
 
 
+def _recording_starts(monkeypatch) -> list:
+    """Every transfer start from now on, in order (owner name, clock): the order the fabric's rates and the event ids
+    depend on."""
+    starts = []
+    monkeypatch.setattr(Fabric, "start", lambda self, owner, *a: starts.append((owner.name, self.env.now))
+                        or _START(self, owner, *a))
+    return starts
+
+
+def _two_ranks(monkeypatch, fast: bool):
+    """A fresh clock and a node of two simulated ranks, with the shortcuts on or off and starts not recorded."""
+    monkeypatch.setattr(Fabric, "shortcuts", fast)
+    monkeypatch.setattr(Fabric, "start", _START)
+    env = make_env()
+    node = Node(env, 2, CostModel.load("h200", "glm-5"))
+    node.simulate([0, 1])
+    return env, node
+
+
 def _work(rng, prefetch: bool) -> GroupWork:
     """Random rank work; some parts often zero, and values from a few levels (some tiny) so that events tie."""
     def u(a, b, zero=0.0):
@@ -33,9 +52,7 @@ def _steps(monkeypatch, fast: bool, seed: int, num_ranks: int, start_s: float):
     clocks round short spans away: events coincide): each step's (seconds, parts), the clock, the events counted
     and every link's bytes."""
     monkeypatch.setattr(Fabric, "shortcuts", fast)
-    starts = []  # every transfer start in order (the order the fabric's rates and the event ids depend on)
-    monkeypatch.setattr(Fabric, "start", lambda self, owner, *a: starts.append((owner.name, self.env.now))
-                        or _START(self, owner, *a))
+    starts = _recording_starts(monkeypatch)
     costs = CostModel.load("h200", "glm-5")
     env = make_env()
     node = Node(env, num_ranks, costs)
@@ -65,11 +82,7 @@ def test_fabric_shortcuts_change_no_bit(monkeypatch, seed, num_ranks, start_s):
 
 
 def _until_transfer(monkeypatch, fast: bool):
-    monkeypatch.setattr(Fabric, "shortcuts", fast)
-    costs = CostModel.load("h200", "glm-5")
-    env = make_env()
-    node = Node(env, 2, costs)
-    node.simulate([0, 1])
+    env, node = _two_ranks(monkeypatch, fast)
     first = node.h2d[0].transfer(1e6)
     second = node.h2d[1].transfer(4e6)
     env.run(until=first)
@@ -90,21 +103,12 @@ def _coinciding(monkeypatch, fast: bool):
     """Rank 0's H2D (with a chained fetch) ends at the very instant rank 1's timeout starts its own H2D, the
     timeout queued after the wake-up: simpy processes the timeout before the H2D's done event (which the wake-up
     schedules), so rank 1's transfer starts before rank 0's chained fetch. Returns the start order and the clock."""
-    monkeypatch.setattr(Fabric, "shortcuts", fast)
-    monkeypatch.setattr(Fabric, "start", _START)
-    costs = CostModel.load("h200", "glm-5")
-    probe = make_env()
-    node = Node(probe, 2, costs)
-    node.simulate([0, 1])
+    probe, node = _two_ranks(monkeypatch, fast)
     node.h2d[0].transfer(3e6)
     probe.run()
     at = probe.now  # when rank 0's H2D ends alone
-    env = make_env()
-    node = Node(env, 2, costs)
-    node.simulate([0, 1])
-    starts = []
-    monkeypatch.setattr(Fabric, "start", lambda self, owner, *a: starts.append((owner.name, self.env.now))
-                        or _START(self, owner, *a))
+    env, node = _two_ranks(monkeypatch, fast)
+    starts = _recording_starts(monkeypatch)
     h2d = node.h2d[0].transfer(3e6)
     h2d.callbacks.append(lambda _e: node.nvlink[0].transfer(1e6))
     node.followed(h2d)
@@ -123,15 +127,8 @@ def test_done_events_wait_for_events_due_at_their_instant(monkeypatch):
 def _urgent(monkeypatch, fast: bool):
     """Two equal H2Ds (ranks 0 and 1) end at one wake-up; the first's done event starts a process, whose urgent
     Initialize simpy runs before the second done event: rank 0's fetch starts before rank 1's."""
-    monkeypatch.setattr(Fabric, "shortcuts", fast)
-    monkeypatch.setattr(Fabric, "start", _START)
-    costs = CostModel.load("h200", "glm-5")
-    env = make_env()
-    node = Node(env, 2, costs)
-    node.simulate([0, 1])
-    starts = []
-    monkeypatch.setattr(Fabric, "start", lambda self, owner, *a: starts.append((owner.name, self.env.now))
-                        or _START(self, owner, *a))
+    env, node = _two_ranks(monkeypatch, fast)
+    starts = _recording_starts(monkeypatch)
 
     def fetch():
         yield node.nvlink[0].transfer(1e6)
