@@ -119,24 +119,31 @@ def test_scalar_paths_are_taken():
     assert calls == [0, [0, 1, 1, 0]]  # then the ranks left with the most
 
 
+def _twin_pools(ranks: int, slots: int, taken: int):
+    """Two equal pools of `slots` per rank with `taken` per rank taken fresh, and their numpy backends: the first with
+    the scalar (few-slot) paths on, the second with them off."""
+    from ulacache.backends.numpy_backend import NumpyBackend
+    from ulacache.pools import Pool
+
+    pools, bes = [], []
+    for scalar in (True, False):
+        be = NumpyBackend()
+        be.scalar_updates = scalar
+        p = Pool(ranks, slots)
+        p.take_free(be, np.full(ranks, taken, dtype=np.int64))
+        pools.append(p)
+        bes.append(be)
+    return pools, bes
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3]), st.integers(1, 64))
 def test_take_few_matches_array_path_on_large_pools(seed, ranks, want):
     """Pool.take_free of a few slots (Python ints, reading the words below high in growing chunks) returns what the
     backend's select_first path returns and leaves the same bitmap, counters and high marks, on pools whose holes
     lie far apart (thousands of words below high: beyond the first chunks)."""
-    from ulacache.backends.numpy_backend import NumpyBackend
-    from ulacache.pools import Pool
-
     rng = np.random.default_rng(seed)
-    pools, bes = [], []
-    for scalar in (True, False):
-        be = NumpyBackend()
-        be.scalar_updates = scalar
-        p = Pool(ranks, 200_000)
-        p.take_free(be, np.full(ranks, 150_000, dtype=np.int64))  # fresh, array path (more than FEW_SLOTS)
-        pools.append(p)
-        bes.append(be)
+    pools, bes = _twin_pools(ranks, 200_000, 150_000)  # fresh takes: array path (more than FEW_SLOTS)
     for _ in range(4):  # free a few scattered slots (holes far apart), then take a few
         holes = np.sort(rng.choice(ranks * pools[0].cap, size=int(rng.integers(0, 8)), replace=False))
         holes = holes[(holes % pools[0].cap) < pools[0].high[holes // pools[0].cap]]
@@ -172,18 +179,8 @@ def test_take_runs_match_array_path(seed, ranks, want):
     """Pool.take_free of many slots per rank whose lowest free slots may form one run (blocks of slots given back,
     as a local buffer's after a request's copies are dropped; a few scattered holes breaking some runs) returns
     what the backend's select_first path returns and leaves the same bitmap, counters and marks."""
-    from ulacache.backends.numpy_backend import NumpyBackend
-    from ulacache.pools import Pool
-
     rng = np.random.default_rng(seed)
-    pools, bes = [], []
-    for scalar in (True, False):
-        be = NumpyBackend()
-        be.scalar_updates = scalar
-        p = Pool(ranks, 5000)
-        p.take_free(be, np.full(ranks, 3000, dtype=np.int64))
-        pools.append(p)
-        bes.append(be)
+    pools, bes = _twin_pools(ranks, 5000, 3000)
     for _ in range(5):
         cap = pools[0].cap
         lo = rng.integers(0, ranks * cap, size=int(rng.integers(0, 4)))
