@@ -84,7 +84,10 @@ class AddressSpace:
         self.num_allocated = 0
         self.listeners: list = []  # grow(old_layout) of tables laid out like the addresses (hisparse, buffer maps)
         self._known = (None, None, None)  # (addresses, storage positions, home bounds) of the pending access batch
-        self._home_starts = np.arange(num_ranks + 1, dtype=np.int64) * slots_per_rank  # each home's first address
+        # Each home's first address (R + 1, read-only): homes are ascending address ranges, so cutting an ascending
+        # batch at these counts it per home rank (the facade, the policies and `home_bounds` cut by them).
+        self.home_starts = np.arange(num_ranks + 1, dtype=np.int64) * slots_per_rank
+        self.home_starts.setflags(write=False)
 
     def index(self, addrs: np.ndarray) -> np.ndarray:
         if addrs is self._known[0]:  # the pending batch (the facade located it): no second pass
@@ -106,7 +109,7 @@ class AddressSpace:
         known = self._known
         if addrs is known[0] and known[2] is not None:  # the pending batch, cut when the facade located it
             return known[2]
-        return addrs.searchsorted(self._home_starts).tolist()
+        return addrs.searchsorted(self.home_starts).tolist()
 
     @property
     def scratch(self) -> np.ndarray:

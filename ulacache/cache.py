@@ -70,7 +70,6 @@ class UlaCache:
         self._stats: Counter = Counter()
         self._row_bytes = cfg.effective_row_bytes
         self._rows_key, self._rows_tables, self._rows_lists = None, None, None  # _row_tables' cache (+ as lists)
-        self._home_starts = np.arange(cfg.num_ranks + 1, dtype=np.int64) * self.space.slots_per_rank
         self._no_peer_rows = np.zeros(cfg.num_ranks, dtype=np.int64)  # every plan's peer rows without TP buffers
         self._no_peer_rows.setflags(write=False)
 
@@ -319,7 +318,7 @@ class UlaCache:
         # (largest) address is checked against its row's end, and each run gets its row's shift: repeated per run
         # (a small batch), or added by a slice (many addresses: in place, no per-address shift array). No per-address
         # home (a division), shift and end gathers.
-        cuts = a.searchsorted(self._home_starts[h0 + 1:h1 + 1]).tolist()
+        cuts = a.searchsorted(self.space.home_starts[h0 + 1:h1 + 1]).tolist()
         bounds = [0] * (h0 + 1) + cuts + [n] * (R - h1)
         sh, ends = self._rows_lists
         if a.size < _RUN_SHIFT_MIN:

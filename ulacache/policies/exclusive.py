@@ -109,8 +109,6 @@ class ExclusivePolicy:
         self.step = 0  # committed access batches
         self.pending_d2h = np.zeros(R, dtype=np.int64)  # rows allocated into the CPU tier since the last access
         self.num_gpu_places, self.gpu_seg = self.gpu.num_places, self.gpu.seg
-        # Homes are ascending address ranges: cutting an ascending batch at these counts it per home rank.
-        self._home_starts = np.arange(R + 1, dtype=np.int64) * self.space.slots_per_rank
         self._no_rows = np.zeros(R, dtype=np.int64)  # a warm batch's promotions per rank (shared, read-only)
         self._no_rows.setflags(write=False)
         self._no_victims = np.zeros(0, dtype=self.gpu.own.dtype)  # ... and its victims
@@ -369,13 +367,13 @@ class ExclusivePolicy:
             hit_places = places.take(hit_idx).astype(np.int64)
             miss_addrs, miss_src = uniq.take(miss_idx), places.take(miss_idx).astype(np.int64)
             if R > 1:  # misses are in their home ranks' CPU pools, and homes are ascending address ranges
-                cuts = miss_addrs.searchsorted(self._home_starts)
+                cuts = miss_addrs.searchsorted(self.space.home_starts)
                 m_counts = cuts[1:] - cuts[:-1]
             else:
                 m_counts = np.array([miss_addrs.size], dtype=np.int64)
         n_hit, n_miss = hit_places.size, miss_addrs.size
         if n_hit + n_miss > self.cfg.gpu_slots:  # some rank may need more than its slots: count per rank
-            cuts = uniq.searchsorted(self._home_starts)  # a rank's hits + misses: its home's addresses
+            cuts = uniq.searchsorted(self.space.home_starts)  # a rank's hits + misses: its home's addresses
             over = np.flatnonzero(cuts[1:] - cuts[:-1] > self.cfg.gpu_slots)
             if over.size:
                 r = int(over[0])
