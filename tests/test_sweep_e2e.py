@@ -99,6 +99,7 @@ def test_plan_cli_real(fast_config, tmp_path, capsys):
 def test_sigkill_mid_sweep_then_resume(fast_config, tmp_path):
     """A real `ulacache sweep` killed with SIGKILL once some points are in the table; --resume finishes the rest
     without rerunning or losing the finished ones."""
+    import io
     import os
     import signal
     import subprocess
@@ -113,7 +114,13 @@ def test_sigkill_mid_sweep_then_resume(fast_config, tmp_path):
                              "--workers", "1", "--no-progress"], cwd=root, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     table = out / "results.parquet"
-    while proc.poll() is None and not (table.exists() and len(pd.read_parquet(table)) >= 2):
+
+    def rows_written() -> int:
+        """Rows in the table now: read from one open of the file (pyarrow opens a path more than once, and a
+        rewrite's os.replace between two opens tore a read: 'Couldn't deserialize thrift')."""
+        return len(pd.read_parquet(io.BytesIO(table.read_bytes()))) if table.exists() else 0
+
+    while proc.poll() is None and rows_written() < 2:
         time.sleep(0.05)
     assert proc.poll() is None, "the sweep finished before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
