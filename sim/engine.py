@@ -89,7 +89,9 @@ class Batch:
 
 class Engine:
     def __init__(self, cfg, costs: CostModel, system: System, requests, source, recorder: TraceRecorder | None,
-                 make_cache=None):
+                 make_cache=None, policy_processes: int = 1):
+        """`policy_processes`: processes the simulated groups' policy runs in (sim/group_workers.py); the metrics
+        are the same for any number."""
         self.cfg, self.costs, self.system, self.source = cfg, costs, system, source
         arrival, rid = np.asarray(requests["arrival_s"], dtype=float), np.asarray(requests["request_id"], np.int64)
         order = np.lexsort((rid, arrival))  # by (arrival, request id): a DataFrame's stable sort_values order
@@ -124,7 +126,7 @@ class Engine:
         self.runner = None
         if system.uses_policy and make_cache is not None:
             max_len = int((self.inp + self.out).max()) + self.q + 1
-            self.runner = PolicyRunner(cfg, system, source, max_len, make_cache)
+            self.runner = PolicyRunner(cfg, system, source, max_len, make_cache, policy_processes)
         self.group_layers = np.asarray(cfg.model.group_sizes(), dtype=float)
         self.state = RunState()
         self._saturated = False
@@ -196,6 +198,11 @@ class Engine:
             self.runner.release(int(self.rid[i]))
 
     # ------------------------------------------------------------------ main loop
+    def close(self, failed: bool = False) -> None:
+        """End the policy's group workers (at once when the run `failed`)."""
+        if self.runner is not None:
+            (self.runner.kill if failed else self.runner.close)()
+
     def run(self, progress=None) -> RunState:
         st, cfg = self.state, self.cfg
         waiting: list[int] = []

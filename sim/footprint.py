@@ -43,6 +43,7 @@ from ulacache.rows import GROW_FLOOR, HEADROOM, SMALL_ROW
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
 TIMELINE_BYTES_PER_STEP = 2048  # assumed: a dict of ~25 floats per decode step (CPython objects)
 ENGINE_BYTES = 1 << 20  # assumed: what the engine builds after the check (simpy environment, cost tables, its arrays)
+WORKER_BYTES = 64 << 20  # assumed: a group worker's own pages beyond its groups (copy-on-write heap, its buffers)
 #                         and the C heap's top pad: measured 0.5-0.6 MB for sglang at 24 and 256 requests, 1-16 steps
 PROBE_TOKENS = 1 << 17  # tokens a probe allocates at most (beyond: extrapolated per entry)
 # The library's tables grow by its rule (ulacache/pools.py `_grown`): a row's first storage is what it needs; a
@@ -343,10 +344,12 @@ def _room(c) -> int:
     return per_rank * (c.num_ranks if c.mode == "tp" and c.policy != "hisparse" else 1)
 
 
-def estimate(cfg, system, requests, make_cache) -> dict:
-    """Estimated peak bytes of the replay, with its parts (all in bytes)."""
+def estimate(cfg, system, requests, make_cache, processes: int = 1) -> dict:
+    """Estimated peak bytes of the replay, with its parts (all in bytes). `processes`: those the simulated groups
+    run in (sim/group_workers.py): each one beyond the first holds its own access scratch and `WORKER_BYTES`
+    (the caches are split between them, not copied)."""
     out = {"process_bytes": 0.0, "engine_bytes": float(ENGINE_BYTES), "caches_bytes": 0.0, "tables_bytes": 0.0,
-           "scratch_bytes": 0.0}
+           "scratch_bytes": 0.0, "workers_bytes": 0.0}
     outputs = np.asarray(requests["output_tokens"], dtype=np.int64)
     running = max(1, min(len(requests), cfg.workload.max_concurrency))
     steps = math.ceil(outputs.sum() / running) + int(outputs.max())
@@ -355,6 +358,10 @@ def estimate(cfg, system, requests, make_cache) -> dict:
     with probing():
         _caches(cfg, requests, make_cache, out, max_steps)
     out["process_bytes"] = float(_statm()[1])  # after the probes: with what they loaded (their caches are gone)
+    if make_cache is not None:  # the groups simulated after any pilot, split over the processes
+        groups = cfg.fidelity.policy_groups or cfg.model.num_index_groups
+        extra = max(0, min(processes, groups, cfg.model.num_index_groups) - 1)
+        out["workers_bytes"] = extra * (out["scratch_bytes"] + WORKER_BYTES)
     out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))
     return out
 
@@ -432,9 +439,9 @@ def cache_bytes(make_cache, bound, k: int, refs_per_step: int, steps: int | None
     return out
 
 
-def check(cfg, system, requests, make_cache, max_memory_gb: float | None = None) -> dict:
+def check(cfg, system, requests, make_cache, max_memory_gb: float | None = None, processes: int = 1) -> dict:
     """Estimate; raise MemoryLimitError (one line: the estimate, the limit, the knob that lowers it) if too big."""
-    est = estimate(cfg, system, requests, make_cache)
+    est = estimate(cfg, system, requests, make_cache, processes)
     limit, what = limit_bytes(max_memory_gb)
     est["limit_bytes"], est["limit_by"] = limit, what
     if est["peak_bytes"] > limit:

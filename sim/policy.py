@@ -208,7 +208,7 @@ class AddressTable:
 class PolicyRunner:
     """One library cache per simulated indexer group, fed with the selections of the simulated requests."""
 
-    def __init__(self, cfg, system, source, max_request_tokens: int, make_cache):
+    def __init__(self, cfg, system, source, max_request_tokens: int, make_cache, processes: int = 1):
         self.cfg, self.system, self.source = cfg, system, source
         model = cfg.model
         self.num_groups = model.num_index_groups
@@ -249,6 +249,12 @@ class PolicyRunner:
         self._per_rank_memo: dict = {}  # a step's references per rank (`_per_rank`'s key) -> `_divisors` of them
         self.num_ranks = system.capacity.ranks_per_space * system.capacity.num_spaces
         self.positions_checked = bool(getattr(source, "positions_checked", False))  # selections >= -1 by design
+        # Processes for the groups (sim/group_workers.py): forked at the first step after the pilot, when the
+        # groups simulated from then on are known; `workers` is None while this process runs every group.
+        self.processes = max(1, int(processes))
+        self.workers = None
+        self.processes_used = 1  # processes the groups ran in (set at the fork)
+        self.worker_rss_bytes = 0  # the children's peak resident sets, summed
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -308,18 +314,31 @@ class PolicyRunner:
         self.sampled_per_space[space] = count + 1
         self.space_of[rid] = space
         self.sampled[rid] = rank
-        self.tables.next_round()
-        for g, cache in self.caches.items():
-            addrs = cache.alloc(rid, int(num_tokens), rank=rank)
-            self.tables.add(g, rid, addrs)
-            tier, where, _ = cache.locate(addrs)
-            n_ranks = cache.config.num_ranks
-            cpu = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
+        if self.workers is not None:
+            self.workers.send("_admit_groups", rid, rank, int(num_tokens), reply=True)
+        placed = self._admit_groups(rid, rank, int(num_tokens))
+        if self.workers is not None:
+            for part in self.workers.gather():
+                placed.update(part)
+        for g in self.groups:
+            cpu = placed[g]
             self.prompt_cpu_rows[g] = self.prompt_cpu_rows.get(g, 0) + cpu
             if g == self.groups[0] and count_prompt:
                 self.prompt_rows += float(cpu.sum()) * self.ks  # one layer's rows, scaled to all requests
                 self.prompt_rows_own += float(cpu.sum())  # the sampled requests' own (the prefill shares it out)
         return True
+
+    def _admit_groups(self, rid: int, rank: int, num_tokens: int) -> dict:
+        """Admit into this process's caches: {group: its prompt rows placed in the CPU tier, per rank}."""
+        out = {}
+        self.tables.next_round()
+        for g, cache in self.caches.items():
+            addrs = cache.alloc(rid, num_tokens, rank=rank)
+            self.tables.add(g, rid, addrs)
+            tier, where, _ = cache.locate(addrs)
+            n_ranks = cache.config.num_ranks
+            out[g] = np.bincount(np.asarray(where)[np.asarray(tier) == 1], minlength=n_ranks)[:n_ranks]
+        return out
 
     def grow(self, rids: list[int], counts: np.ndarray):
         """Allocate the accepted tokens of simulated requests (batched when the library offers it; one request, as
@@ -329,9 +348,9 @@ class PolicyRunner:
             rank = self.sampled.get(rid)
             if rank is None or c <= 0:
                 return
-            self.tables.next_round()
-            for g, cache in self.caches.items():
-                self.tables.append(g, rid, cache.alloc(int(rid), c, rank=int(rank)))
+            if self.workers is not None:
+                self.workers.send("_grow_one", rid, c, rank)
+            self._grow_one(rid, c, rank)
             return
         keep = [(r, int(c)) for r, c in zip(rids, counts) if r in self.sampled and c > 0]
         if not keep:
@@ -339,8 +358,20 @@ class PolicyRunner:
         ids = [r for r, _ in keep]
         cnt = np.array([c for _, c in keep], dtype=np.int64)
         ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
+        if self.workers is not None:
+            self.workers.send("_grow_many", ids, cnt, ranks)
+        self._grow_many(ids, cnt, ranks)
+
+    def _grow_one(self, rid: int, c: int, rank: int) -> None:
+        """One request's accepted tokens, in this process's caches."""
+        self.tables.next_round()
+        for g, cache in self.caches.items():
+            self.tables.append(g, rid, cache.alloc(int(rid), c, rank=int(rank)))
+
+    def _grow_many(self, ids: list[int], cnt: np.ndarray, ranks: np.ndarray) -> None:
+        """Several requests' accepted tokens, in this process's caches."""
         offsets = [0]
-        for _, c in keep:
+        for c in cnt.tolist():
             offsets.append(offsets[-1] + c)
         self.tables.next_round()
         for g, cache in self.caches.items():
@@ -359,6 +390,12 @@ class PolicyRunner:
         if self.sampled.pop(rid, None) is None:
             return
         self.sampled_per_space[self.space_of.pop(rid)] -= 1
+        if self.workers is not None:
+            self.workers.send("_release_groups", rid)
+        self._release_groups(rid)
+
+    def _release_groups(self, rid: int) -> None:
+        """Free a request in this process's caches."""
         for g, cache in self.caches.items():
             cache.free(rid)
             self.tables.remove(g, rid)
@@ -389,21 +426,20 @@ class PolicyRunner:
         per_rank = self._per_rank(sids, s_hist, q)
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
+        if not self.pilot_left and self.workers is None and self.processes > 1 and len(self.groups) > 1:
+            self._fork_workers()
+        if self.workers is not None:  # the children step their groups while this process steps its own
+            self.workers.send("_step_groups", sids, s_hist, s_steps, q, reply=True)
+        step_totals = self._step_groups(sids, s_hist, s_steps, q)
+        if self.workers is not None:
+            for part, splits in self.workers.gather():
+                step_totals.update(part)
+                self.capacity_splits += splits
         out = {}
-        chunk = self.query_chunk
         pilot = self.pilot_left > 0
         num_ranks = self.num_ranks
-        checked = self.positions_checked
-        for g, sel in self._selections(np.asarray(sids, dtype=np.int64), s_hist, s_steps, q):
-            addrs = self.tables[g].lookup(sids, sel, checked)
-            if q <= chunk:  # the whole step's verify tokens in one access batch
-                totals = self._access(self.caches[g], addrs, num_ranks)
-            else:
-                totals = None
-                for lo in range(0, q, chunk):  # HiSparse: verify tokens in chunks its buffer can hold
-                    part = self._access(self.caches[g], addrs[:, lo:lo + chunk], num_ranks)
-                    totals = part if totals is None else {k: totals[k] + part[k] for k in part}
-                totals["passes"] /= math.ceil(q / chunk)  # sub-batches per chunk (1 = the batch fit at once)
+        for g in self.groups:  # in group order, whichever process stepped it
+            totals = step_totals[g]
             prompt = self.prompt_cpu_rows.pop(g, None)
             if prompt is not None:
                 rows = totals["rows"]  # (this step's own array)
@@ -424,6 +460,64 @@ class PolicyRunner:
                     self._resample(rids, hist, spaces, rid_ranks)
                 release_memory()
         return self.last
+
+    def _step_groups(self, sids: list[int], s_hist: np.ndarray, s_steps: np.ndarray, q: int):
+        """One step's access batches in this process's caches: {group: totals} (and, in a child, with the batch
+        splits it counted, for the parent's `capacity_splits`)."""
+        splits0 = self.capacity_splits
+        out = {}
+        chunk = self.query_chunk
+        num_ranks = self.num_ranks
+        checked = self.positions_checked
+        for g, sel in self._selections(np.asarray(sids, dtype=np.int64), s_hist, s_steps, q, list(self.caches)):
+            addrs = self.tables[g].lookup(sids, sel, checked)
+            if q <= chunk:  # the whole step's verify tokens in one access batch
+                totals = self._access(self.caches[g], addrs, num_ranks)
+            else:
+                totals = None
+                for lo in range(0, q, chunk):  # HiSparse: verify tokens in chunks its buffer can hold
+                    part = self._access(self.caches[g], addrs[:, lo:lo + chunk], num_ranks)
+                    totals = part if totals is None else {k: totals[k] + part[k] for k in part}
+                totals["passes"] /= math.ceil(q / chunk)  # sub-batches per chunk (1 = the batch fit at once)
+            out[g] = totals
+        if self._child:
+            return out, self.capacity_splits - splits0
+        return out
+
+    # ---- group workers (sim/group_workers.py)
+    _child = False  # set in a forked child: `_step_groups` then reports its splits too
+
+    def _fork_workers(self) -> None:
+        """Split the simulated groups over `processes` (round robin in group order; this process keeps the
+        first share) and fork a child for each other share."""
+        from sim.group_workers import GroupWorkers
+
+        n = min(self.processes, len(self.groups))
+        shares = [self.groups[i::n] for i in range(n)]
+        self.workers = GroupWorkers(self, shares[1:])
+        self.processes_used = n
+        self._keep_groups(shares[0])
+
+    def _keep_groups(self, groups: list[int]) -> None:
+        """Drop the caches and tables of the groups not in `groups` (another process runs them)."""
+        for g in list(self.caches):
+            if g not in groups:
+                del self.caches[g]
+                self.tables.drop(g)
+        release_memory()
+
+    def close(self) -> None:
+        """Stop the group workers (the sum of their peak resident sets: `worker_rss_bytes`)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.worker_rss_bytes = self.workers.extra_rss_bytes
+            self.workers = None
+
+    def kill(self) -> None:
+        """End the group workers at once (the run failed)."""
+        if self.workers is not None:
+            self.workers.kill()
+            self.workers = None
 
     def _per_rank(self, sids: list[int], s_hist: np.ndarray, q: int) -> tuple:
         """`_divisors` of the step's simulated references per rank (q x min(history, top_k) per request), memoized
@@ -474,13 +568,13 @@ class PolicyRunner:
         idle.setflags(write=False)
         return top, idle, bool(idle.any())
 
-    def _selections(self, rids: np.ndarray, hist: np.ndarray, steps: np.ndarray, q: int):
-        """(group, selections) of every simulated group: a few groups per source call when the source can select
+    def _selections(self, rids: np.ndarray, hist: np.ndarray, steps: np.ndarray, q: int, groups: list[int]):
+        """(group, selections) of each of `groups`: a few groups per source call when the source can select
         several at once (the synthetic generator computes groups of one geometry together), ~16 MiB at a time."""
         many = getattr(self.source, "select_groups", None)
         per = max(1, SELECT_ELEMS // max(1, rids.size * q * self.cfg.model.top_k)) if many is not None else 1
-        for a in range(0, len(self.groups), per):
-            part = self.groups[a:a + per]
+        for a in range(0, len(groups), per):
+            part = groups[a:a + per]
             sels = many(rids, hist, steps, part, q) if many is not None else [
                 self.source.select(rids, hist, steps, g, q) for g in part]
             yield from zip(part, sels)

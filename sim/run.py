@@ -17,6 +17,7 @@ from sim.config import SimConfig, build, load_config
 from sim.costs import CostModel
 from sim.engine import Engine
 from sim.events import TraceRecorder
+from sim.group_workers import resolve_processes
 from sim.hardware import events_scheduled
 from sim.systems import RunBound, budget_for, system_for_workload
 
@@ -195,11 +196,14 @@ def _json_safe(obj):
 
 def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
            trace_events: Path | None = None, calibration: Path | None = None,
-           overrides: list[str] | None = None, max_memory_gb: float | None = None) -> dict:
+           overrides: list[str] | None = None, max_memory_gb: float | None = None,
+           policy_workers: int | None = None) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
 
     Before simulating, its peak memory is estimated (sim/footprint.py); above `max_memory_gb` or what the machine
-    has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written."""
+    has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written.
+    `policy_workers`: processes the simulated indexer groups run in (sim/group_workers.py; default
+    $ULACACHE_POLICY_WORKERS, else the usable cores); every metric but the wall time is the same for any number."""
     wall0 = time.perf_counter()
     tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
     cfg = build(tree)
@@ -210,16 +214,25 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     system = system_for_workload(cfg, budget, requests, source)
     recorder = TraceRecorder() if trace_events else None
     make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
-    est = footprint.check(cfg, system, requests, make_cache, max_memory_gb)
-    engine = Engine(cfg, costs, system, requests, source, recorder, make_cache)
-    with _progress(progress, engine.n_req) as tick:
-        engine.run(tick)
+    processes = resolve_processes(policy_workers)
+    est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
+    engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
+    try:
+        with _progress(progress, engine.n_req) as tick:
+            engine.run(tick)
+    except BaseException:
+        engine.close(failed=True)
+        raise
+    engine.close()
     if hasattr(source, "close"):
         source.close()
     wall = time.perf_counter() - wall0
     metrics = metrics_of(cfg, system, budget, engine, wall, costs)
     metrics["est_peak_memory_bytes"] = est["peak_bytes"]
-    metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    metrics["policy_processes"] = engine.runner.processes_used if engine.runner is not None else 1
+    # this process's peak plus the group workers' (sim/group_workers.py: shared pages count twice, an upper bound)
+    metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
+        float(engine.runner.worker_rss_bytes) if engine.runner is not None else 0.0)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,168 @@
+"""Group workers: a replay's simulated indexer groups split over processes, so a policy step uses every core.
+
+Each group's cache is independent of the others' (its own pools, its own selections: `select` is pure in the
+request, step and group), so the groups can run side by side. A `GroupWorkers` forks processes from the
+`PolicyRunner` as it stands (copy on write: nothing is pickled); each child keeps its share of the groups and drops
+the rest, the parent drops the children's. From then on the parent sends each child the per-group halves of the
+runner's calls (admit, grow, release, step) in the order it makes them, runs its own groups meanwhile, and merges
+the children's results in group order, so every metric is the same bit for bit as with one process.
+
+    parent (groups 0, 2, ..)           child 1 (groups 1, 3, ..)
+    send step ------------------------> recv step
+    step own groups                     step own groups
+    recv results <--------------------- send results
+    merge in group order, ratios
+
+Calls whose results the parent does not need (grow, release) get no reply unless they fail; a failure is raised in
+the parent at its next call that waits. A child whose parent is gone reads EOF and exits; the parent ends its
+children in `close` and adds their peak resident sets to the run's `peak_rss_bytes`: an upper bound, since the
+pages a child shares with the parent (the interpreter, what the fork copied before either side wrote) count twice.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from multiprocessing.connection import Pipe
+
+ENV_VAR = "ULACACHE_POLICY_WORKERS"  # processes for a replay's policy groups when the caller names none
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_processes(requested: int | None) -> int:
+    """Processes for the policy groups: `requested` (>= 1), else $ULACACHE_POLICY_WORKERS, else the usable cores."""
+    if requested is None:
+        env = os.environ.get(ENV_VAR, "").strip()
+        if env:
+            try:
+                requested = int(env)
+            except ValueError:
+                raise ValueError(f"{ENV_VAR}={env!r}: expected a whole number of processes >= 1") from None
+        else:
+            requested = usable_cores()
+    if isinstance(requested, bool) or int(requested) < 1:
+        raise ValueError(f"policy workers: expected a whole number of processes >= 1, got {requested!r}")
+    return int(requested)
+
+
+def _serve(conn, runner, groups: list[int]) -> None:
+    """The child's loop: keep `groups`, then run the calls the parent sends until it says stop (None) or is gone."""
+    runner._child = True  # its step results carry the batch splits it counted
+    runner.workers = None  # (the parent's handles, copied by the fork)
+    runner._keep_groups(groups)
+    failed = False
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            conn.send(("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+            return
+        method, args, reply = msg
+        if failed:  # the parent raises the first failure; later calls would run on a broken state
+            continue
+        try:
+            out = getattr(runner, method)(*args)
+        except BaseException as exc:  # noqa: BLE001 - sent to the parent, raised there
+            failed = True
+            try:
+                conn.send(("err", exc))
+            except Exception:  # an exception that does not pickle: its type and text
+                conn.send(("err", RuntimeError(f"{type(exc).__name__}: {exc}")))
+            continue
+        if reply:
+            conn.send(("ok", out))
+
+
+class GroupWorkers:
+    """Child processes each running a share of a PolicyRunner's groups (see the module docstring)."""
+
+    def __init__(self, runner, shares: list[list[int]]):
+        """Fork one child per share (`runner` must offer `_keep_groups`); the parent keeps what the shares leave."""
+        self.children: list[tuple[int, object]] = []  # (pid, connection)
+        self.extra_rss_bytes = 0
+        for groups in shares:
+            here, there = Pipe(duplex=True)
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into the parent's code
+                code = 0
+                try:
+                    here.close()
+                    for _, conn in self.children:  # earlier children's pipes are the parent's
+                        conn.close()
+                    _serve(there, runner, groups)
+                except BaseException:  # noqa: BLE001 - the parent sees EOF and reports it
+                    code = 1
+                finally:
+                    os._exit(code)
+            there.close()
+            self.children.append((pid, here))
+        self._waiting = [0] * len(self.children)  # replies each child owes
+
+    def send(self, method: str, *args, reply: bool = False) -> None:
+        """Every child runs `runner.method(*args)` (in the order sent); `reply`: its result is collected by `gather`."""
+        for i, (_, conn) in enumerate(self.children):
+            conn.send((method, args, reply))
+            self._waiting[i] += int(reply)
+
+    def gather(self) -> list:
+        """The result of the last call sent with `reply`, from every child (in child order); a child's failure is
+        raised here."""
+        out = []
+        for i, (pid, conn) in enumerate(self.children):
+            result = None
+            while self._waiting[i]:
+                try:
+                    kind, value = conn.recv()
+                except (EOFError, OSError):
+                    raise RuntimeError(f"policy worker {pid} ended unexpectedly") from None
+                if kind == "err":
+                    self._waiting[i] = 0
+                    raise value
+                self._waiting[i] -= 1
+                result = value
+            out.append(result)
+        return out
+
+    def close(self) -> None:
+        """Stop the children and wait for them; the sum of their peak resident sets goes to `extra_rss_bytes`."""
+        for pid, conn in self.children:
+            try:
+                conn.send(None)
+                while True:
+                    kind, value = conn.recv()
+                    if kind == "rss":
+                        self.extra_rss_bytes += int(value)
+                        break
+            except (EOFError, OSError):
+                pass
+            finally:
+                conn.close()
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+        self.children = []
+
+    def kill(self) -> None:
+        """End the children at once (the parent is failing)."""
+        import signal
+
+        for pid, conn in self.children:
+            conn.close()
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self.children = []
+
+
+__all__ = ["ENV_VAR", "GroupWorkers", "resolve_processes", "usable_cores"]

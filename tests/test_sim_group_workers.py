@@ -1,0 +1,114 @@
+"""Group workers (sim/group_workers.py): a replay's simulated groups split over processes give every metric of the
+one-process run, and a child's failure or death reaches the parent as an error."""
+import os
+import signal
+
+import pytest
+
+import sim
+from sim.group_workers import ENV_VAR, GroupWorkers, resolve_processes
+
+DROP = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "sim_cpu_s", "peak_rss_bytes",
+        "est_peak_memory_bytes", "policy_processes"}  # (the process's, not the run's)
+
+
+def _cfg(system: str, attention: str, concurrency: int, **extra) -> dict:
+    cfg = {"system": system, "attention": attention, "hardware": {"preset": "h200", "num_gpus": 8},
+           "policy": "pb-lru", "cpu_storage": True, "model": {"preset": "glm-5"},
+           "workload": {"num_requests": 6, "max_concurrency": concurrency, "seed": 3, "max_steps": 60}}
+    cfg.update(extra)
+    return cfg
+
+
+CASES = {
+    "ulacache tp, pilot then 2 groups": _cfg("ulacache", "tp", 3),
+    "ulacache tp, batch 1, 4 draft tokens": _cfg("ulacache", "tp", 1, spec={"draft_tokens": 4}),
+    "ulacache dp, 3 groups, no pilot": _cfg("ulacache", "dp", 4, fidelity={"policy_groups": 3, "pilot_steps": 0}),
+    "hisparse dp, coarse pilot": _cfg("hisparse", "dp", 6, fidelity={"request_fraction": 0.5}),
+    "ulacache tp, no cpu, small gpu pool": _cfg("ulacache", "tp", 6, cpu_storage=False,
+                                                ulacache={"gpu_pool_slots": 60000}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_metrics_equal_across_process_counts(name):
+    one = sim.replay(CASES[name], policy_workers=1)
+    assert one["policy_processes"] == 1
+    for n in (2, 3):
+        many = sim.replay(CASES[name], policy_workers=n)
+        assert many["policy_processes"] == min(n, many["policy_groups_simulated"])
+        assert many["policy_processes"] > 1
+        assert {k: v for k, v in many.items() if k not in DROP} == {k: v for k, v in one.items() if k not in DROP}
+        assert many["peak_rss_bytes"] > 0
+
+
+def test_resolve_processes(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert resolve_processes(3) == 3
+    assert resolve_processes(None) >= 1
+    monkeypatch.setenv(ENV_VAR, "1")
+    assert resolve_processes(None) == 1
+    monkeypatch.setenv(ENV_VAR, "two")
+    with pytest.raises(ValueError, match=ENV_VAR):
+        resolve_processes(None)
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="processes >= 1"):
+            resolve_processes(bad)
+
+
+class _Runner:
+    """What GroupWorkers needs of a runner: `_keep_groups`, and the methods the parent sends."""
+
+    def __init__(self):
+        self.groups = []
+        self.log = []
+
+    def _keep_groups(self, groups):
+        self.groups = list(groups)
+
+    def note(self, x):
+        self.log.append(x)
+
+    def report(self):
+        return self.groups, self.log, os.getpid()
+
+    def boom(self, text):
+        raise ValueError(text)
+
+
+def test_workers_run_calls_in_order_and_report():
+    w = GroupWorkers(_Runner(), [[1, 3], [2]])
+    try:
+        w.send("note", "a")
+        w.send("note", "b")
+        w.send("report", reply=True)
+        (g1, log1, pid1), (g2, log2, pid2) = w.gather()
+        assert (g1, g2) == ([1, 3], [2])
+        assert log1 == log2 == ["a", "b"]
+        assert len({pid1, pid2, os.getpid()}) == 3
+    finally:
+        w.close()
+    assert w.extra_rss_bytes > 0
+    assert not w.children
+
+
+def test_a_child_failure_is_raised_in_the_parent():
+    w = GroupWorkers(_Runner(), [[1]])
+    try:
+        w.send("boom", "no room")  # no reply asked: raised at the next call that waits
+        w.send("report", reply=True)
+        with pytest.raises(ValueError, match="no room"):
+            w.gather()
+    finally:
+        w.close()
+
+
+def test_a_dead_child_is_an_error_not_a_hang():
+    w = GroupWorkers(_Runner(), [[1]])
+    pid = w.children[0][0]
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    with pytest.raises((RuntimeError, OSError)):
+        w.send("report", reply=True)
+        w.gather()
+    w.kill()
