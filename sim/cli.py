@@ -26,6 +26,9 @@ def register(subparsers) -> None:
                    "machine has available)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing run in --out (and an existing --trace-events file)")
+    p.add_argument("--policy-workers", type=int, default=None, metavar="N",
+                   help="processes the simulated indexer groups run in (default $ULACACHE_POLICY_WORKERS, else the "
+                   "usable cores); every metric but the wall time is the same for any N")
     p.set_defaults(func=_replay)
 
 
@@ -50,6 +53,8 @@ def _replay(args: argparse.Namespace) -> int:
     # sibling dir and renamed into place whole, so a failure leaves what was on disk byte-identical.
     if args.max_memory_gb is not None and not 0 < args.max_memory_gb < float("inf"):
         raise ValueError(f"--max-memory-gb must be a finite number > 0, got {args.max_memory_gb}")
+    if args.policy_workers is not None and args.policy_workers < 1:
+        raise ValueError(f"--policy-workers must be a whole number >= 1, got {args.policy_workers}")
     check_out_path(args.out, args.force, owns=is_run_dir, what="replay run")
     if args.trace_events is not None and args.trace_events.exists() and not args.force:
         raise ValueError(f"{args.trace_events}: exists; pass --force to replace it")
@@ -58,7 +63,7 @@ def _replay(args: argparse.Namespace) -> int:
         events = stack.enter_context(StagedFile(args.trace_events)) if args.trace_events is not None else None
         metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
                              trace_events=events.path if events else None, calibration=args.calibration,
-                             overrides=sets, max_memory_gb=args.max_memory_gb)
+                             overrides=sets, max_memory_gb=args.max_memory_gb, policy_workers=args.policy_workers)
         stage.publish()
         if events is not None:
             events.publish()

@@ -13,14 +13,16 @@ the children's results in group order, so every metric is the same bit for bit a
     recv results <--------------------- send results
     merge in group order, ratios
 
-Calls whose results the parent does not need (grow, release) get no reply unless they fail; a failure is raised in
-the parent at its next call that waits. A child whose parent is gone reads EOF and exits; the parent ends its
+Calls whose results the parent does not need (grow, release) are queued and go with the next call that waits for
+its result (one message a step at batch size 1, not two); they get no reply unless they fail, and a failure is
+raised in the parent at that call. A child whose parent is gone reads EOF and exits; the parent ends its
 children in `close` and adds their peak resident sets to the run's `peak_rss_bytes`: an upper bound, since the
 pages a child shares with the parent (the interpreter, what the fork copied before either side wrote) count twice.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import resource
 from multiprocessing.connection import Pipe
 
@@ -59,26 +61,31 @@ def _serve(conn, runner, groups: list[int]) -> None:
     failed = False
     while True:
         try:
-            msg = conn.recv()
+            calls = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        if msg is None:
-            conn.send(("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        if calls is None:
+            _send(conn, ("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
             return
-        method, args, reply = msg
-        if failed:  # the parent raises the first failure; later calls would run on a broken state
-            continue
-        try:
-            out = getattr(runner, method)(*args)
-        except BaseException as exc:  # noqa: BLE001 - sent to the parent, raised there
-            failed = True
+        for method, args, reply in calls:  # queued calls, then (last) the one the parent waits for
+            if failed:  # the parent raises the first failure; later calls would run on a broken state
+                break
             try:
-                conn.send(("err", exc))
-            except Exception:  # an exception that does not pickle: its type and text
-                conn.send(("err", RuntimeError(f"{type(exc).__name__}: {exc}")))
-            continue
-        if reply:
-            conn.send(("ok", out))
+                out = getattr(runner, method)(*args)
+            except BaseException as exc:  # noqa: BLE001 - sent to the parent, raised there
+                failed = True
+                try:
+                    _send(conn, ("err", exc))
+                except Exception:  # an exception that does not pickle: its type and text
+                    _send(conn, ("err", RuntimeError(f"{type(exc).__name__}: {exc}")))
+                break
+            if reply:
+                _send(conn, ("ok", out))
+
+
+def _send(conn, obj) -> None:
+    """One pickled message (plain pickle: multiprocessing's own reducers are not needed for these)."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 class GroupWorkers:
@@ -105,12 +112,24 @@ class GroupWorkers:
             there.close()
             self.children.append((pid, here))
         self._waiting = [0] * len(self.children)  # replies each child owes
+        self._queued: list[tuple] = []  # calls without a reply, sent with the next one that has
 
     def send(self, method: str, *args, reply: bool = False) -> None:
-        """Every child runs `runner.method(*args)` (in the order sent); `reply`: its result is collected by `gather`."""
+        """Every child runs `runner.method(*args)` (in the order sent); `reply`: its result is collected by `gather`
+        (calls without one wait in a queue until then)."""
+        self._queued.append((method, args, reply))
+        if reply:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._queued:
+            return
+        data = pickle.dumps(self._queued, protocol=pickle.HIGHEST_PROTOCOL)
+        replies = sum(1 for call in self._queued if call[2])
+        self._queued = []
         for i, (_, conn) in enumerate(self.children):
-            conn.send((method, args, reply))
-            self._waiting[i] += int(reply)
+            conn.send_bytes(data)
+            self._waiting[i] += replies
 
     def gather(self) -> list:
         """The result of the last call sent with `reply`, from every child (in child order); a child's failure is
@@ -120,7 +139,7 @@ class GroupWorkers:
             result = None
             while self._waiting[i]:
                 try:
-                    kind, value = conn.recv()
+                    kind, value = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
                     raise RuntimeError(f"policy worker {pid} ended unexpectedly") from None
                 if kind == "err":
@@ -132,15 +151,23 @@ class GroupWorkers:
         return out
 
     def close(self) -> None:
-        """Stop the children and wait for them; the sum of their peak resident sets goes to `extra_rss_bytes`."""
+        """Stop the children and wait for them; the sum of their peak resident sets goes to `extra_rss_bytes`. A
+        queued call that failed in a child is raised here, once every child is gone."""
+        failure = None
+        try:
+            self._flush()
+        except (EOFError, OSError):
+            pass
         for pid, conn in self.children:
             try:
-                conn.send(None)
+                _send(conn, None)
                 while True:
-                    kind, value = conn.recv()
+                    kind, value = pickle.loads(conn.recv_bytes())
                     if kind == "rss":
                         self.extra_rss_bytes += int(value)
                         break
+                    if kind == "err" and failure is None:
+                        failure = value
             except (EOFError, OSError):
                 pass
             finally:
@@ -150,6 +177,8 @@ class GroupWorkers:
                 except ChildProcessError:
                     pass
         self.children = []
+        if failure is not None:
+            raise failure
 
     def kill(self) -> None:
         """End the children at once (the parent is failing)."""

@@ -173,17 +173,20 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def run_point(replay_fn: ReplayFn, config: dict, point_dir: str, isolate: bool | None = None) -> dict:
+def run_point(replay_fn: ReplayFn, config: dict, point_dir: str, isolate: bool | None = None,
+              policy_workers: int | None = None) -> dict:
     """Run one point; any exception becomes a status=error row (SystemExit/KeyboardInterrupt propagate).
 
     With `isolate` (default: for the real replay) the replay runs in a forked child process, so one killed by a
-    signal (the kernel's OOM killer sends SIGKILL) is an error row naming the signal, not a dead sweep."""
+    signal (the kernel's OOM killer sends SIGKILL) is an error row naming the signal, not a dead sweep; there
+    `policy_workers` (when $ULACACHE_POLICY_WORKERS is unset) caps the processes its groups run in (a Ray task
+    holds one CPU)."""
     start, cpu = time.perf_counter(), time.process_time()
     path = Path(point_dir)
     path.mkdir(parents=True, exist_ok=True)
     if isolate is None:
         isolate = replay_fn is sim_replay
-    outcome = _run_isolated(replay_fn, config, path) if isolate else _attempt(replay_fn, config, path)
+    outcome = _run_isolated(replay_fn, config, path, policy_workers) if isolate else _attempt(replay_fn, config, path)
     outcome["point_wall_s"] = time.perf_counter() - start
     outcome.setdefault("point_cpu_s", time.process_time() - cpu)  # an isolated child reports its own
     return outcome
@@ -203,8 +206,13 @@ def _attempt(replay_fn: ReplayFn, config: dict, path: Path) -> dict:
         return {"status": "error", "error": f"{type(exc).__name__}: {_one_line(exc)}", "metrics": {}}
 
 
-def _child(conn, replay_fn: ReplayFn, config: dict, path: Path) -> None:
+def _child(conn, replay_fn: ReplayFn, config: dict, path: Path, policy_workers: int | None = None) -> None:
     import sys
+
+    from sim.group_workers import ENV_VAR
+
+    if policy_workers is not None:
+        os.environ.setdefault(ENV_VAR, str(policy_workers))
 
     # fresh stdout/stderr objects: a parent thread (the progress bar) may have held their locks at the fork
     sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
@@ -229,12 +237,12 @@ def death_message(exitcode: int) -> str:
     return f"replay process exited with status {exitcode} and no result"
 
 
-def _run_isolated(replay_fn: ReplayFn, config: dict, path: Path) -> dict:
+def _run_isolated(replay_fn: ReplayFn, config: dict, path: Path, policy_workers: int | None = None) -> dict:
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, replay_fn, config, path), daemon=True)
+    proc = ctx.Process(target=_child, args=(send, replay_fn, config, path, policy_workers), daemon=True)
     proc.start()
     send.close()
     outcome = None
@@ -380,8 +388,8 @@ def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, w
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
-        pending = {remote.remote(replay_fn, p.config, str(sweep_dir / POINTS_DIR / p.point_id), isolate): p
-                   for p in todo}
+        pending = {remote.remote(replay_fn, p.config, str(sweep_dir / POINTS_DIR / p.point_id), isolate, 1): p
+                   for p in todo}  # (each task holds one CPU: its replay runs its groups in one process)
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:

@@ -112,3 +112,11 @@ def test_a_dead_child_is_an_error_not_a_hang():
         w.send("report", reply=True)
         w.gather()
     w.kill()
+
+
+def test_a_queued_failure_at_the_end_is_raised_by_close():
+    w = GroupWorkers(_Runner(), [[1], [2]])
+    w.send("boom", "at the end")
+    with pytest.raises(ValueError, match="at the end"):
+        w.close()
+    assert not w.children
