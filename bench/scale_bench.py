@@ -96,7 +96,8 @@ def run_one(config, overrides: list[str], as_limit_gb: float, timeout_s: float) 
     """One replay in a fresh interpreter: wall, peak RSS (its own, from wait4), status, metrics."""
     payload = json.dumps({"config": str(config) if isinstance(config, Path) else config, "overrides": overrides})
     code = ("import json, sys; import sim; a = json.loads(sys.argv[1]); "
-            "m = sim.replay(a['config'], overrides=a['overrides']); print('METRICS ' + json.dumps(m))")
+            "m = sim.replay(a['config'], overrides=a['overrides'], policy_workers=None); "
+            "print('METRICS ' + json.dumps(m))")  # (policy_workers=None: the usable cores, as `ulacache replay` runs)
     limit = int(as_limit_gb * 1e9)
 
     def cap():

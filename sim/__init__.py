@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 def replay(config, out_dir=None, progress: bool = False, trace_events=None, calibration=None, overrides=None,
-           max_memory_gb=None, policy_workers=None):
+           max_memory_gb=None, policy_workers=1):
     from sim.run import replay as _replay
 
     return _replay(config, out_dir, progress=progress, trace_events=trace_events, calibration=calibration,

@@ -55,7 +55,6 @@ def resolve_processes(requested: int | None) -> int:
 
 def _serve(conn, runner, groups: list[int]) -> None:
     """The child's loop: keep `groups`, then run the calls the parent sends until it says stop (None) or is gone."""
-    runner._child = True  # its step results carry the batch splits it counted
     runner.workers = None  # (the parent's handles, copied by the fork)
     runner._keep_groups(groups)
     failed = False

@@ -28,11 +28,20 @@ into rows with the exact reference counts of the whole batch, so sampled and ful
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from sim.tables import GroupTables
 
+# Group workers (sim/group_workers.py) are forked when the simulated groups' median step over the first PROBE_STEPS
+# policy steps after the pilot takes FORK_MIN_STEP_S or more in one process: a step's messages cost ~0.1 ms of wall
+# and more of CPU (a pipe round trip with its pickling measured 74 us here). Measured on the 2-core box (groups'
+# median step -> replay wall, 1 process -> 2): batch-1 HiSparse DP without drafts (0.7-0.9 ms) 6.0 -> 6.8 s, slower;
+# with 4 drafts (1.2 ms) 6.7 -> 4.9 s; batch-1 UlaCache TP (1.5 ms) 10.6 -> 9.6 s; the pinned-keys TP (~10 ms)
+# 22.4 -> 17.4 s (bench/results/group_workers_ab.json, scale.json).
+PROBE_STEPS = 16
+FORK_MIN_STEP_S = 0.001
 PILOT_MAX_ENTRIES = 24_000_000  # all pilot caches together: history entries + GPU copies (keeps a small run small)
 SELECT_ELEMS = 1 << 21  # selected positions fetched from the source at once (int64: 16 MiB)
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer", "passes")
@@ -254,6 +263,11 @@ class PolicyRunner:
         self.processes = max(1, int(processes))
         self.workers = None
         self.processes_used = 1  # processes the groups ran in (set at the fork)
+        # the first steps after the pilot are timed (median: `probe_step_s`) before forking (`_probe`)
+        self._probe_left = PROBE_STEPS if self.processes > 1 and len(self.groups) > 1 else 0
+        self._probe_s: list[float] = []
+        self.probe_step_s = None
+        self._fork_due = False
         self.worker_rss_bytes = 0  # the children's peak resident sets, summed
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
@@ -426,14 +440,22 @@ class PolicyRunner:
         per_rank = self._per_rank(sids, s_hist, q)
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
-        if not self.pilot_left and self.workers is None and self.processes > 1 and len(self.groups) > 1:
+        if self._fork_due:  # (at a step's start: the children then hold every step they are asked for)
+            self._fork_due = False
             self._fork_workers()
+        probing = not self.pilot_left and self.workers is None and self._probe_left > 0
+        if probing:
+            t0 = time.perf_counter()
         if self.workers is not None:  # the children step their groups while this process steps its own
-            self.workers.send("_step_groups", sids, s_hist, s_steps, q, reply=True)
+            self.workers.send("_step_groups_wire", sids, s_hist.tolist(), s_steps.tolist(), q, reply=True)
         step_totals = self._step_groups(sids, s_hist, s_steps, q)
+        if probing:
+            self._probe(time.perf_counter() - t0)
         if self.workers is not None:
             for part, splits in self.workers.gather():
-                step_totals.update(part)
+                for g, totals in part.items():
+                    totals["rows"] = np.array(totals["rows"], dtype=float)
+                    step_totals[g] = totals
                 self.capacity_splits += splits
         out = {}
         pilot = self.pilot_left > 0
@@ -461,10 +483,8 @@ class PolicyRunner:
                 release_memory()
         return self.last
 
-    def _step_groups(self, sids: list[int], s_hist: np.ndarray, s_steps: np.ndarray, q: int):
-        """One step's access batches in this process's caches: {group: totals} (and, in a child, with the batch
-        splits it counted, for the parent's `capacity_splits`)."""
-        splits0 = self.capacity_splits
+    def _step_groups(self, sids: list[int], s_hist: np.ndarray, s_steps: np.ndarray, q: int) -> dict:
+        """One step's access batches in this process's caches: {group: totals}."""
         out = {}
         chunk = self.query_chunk
         num_ranks = self.num_ranks
@@ -480,12 +500,29 @@ class PolicyRunner:
                     totals = part if totals is None else {k: totals[k] + part[k] for k in part}
                 totals["passes"] /= math.ceil(q / chunk)  # sub-batches per chunk (1 = the batch fit at once)
             out[g] = totals
-        if self._child:
-            return out, self.capacity_splits - splits0
         return out
 
     # ---- group workers (sim/group_workers.py)
-    _child = False  # set in a forked child: `_step_groups` then reports its splits too
+    def _probe(self, step_s: float) -> None:
+        """Time the groups' first steps after the pilot (their wall seconds, an execution choice only: no result
+        reads them); the group workers are forked at the next step when these take long enough for a split to pay
+        for its messages."""
+        self._probe_s.append(step_s)
+        self._probe_left -= 1
+        if self._probe_left:
+            return
+        self.probe_step_s = sorted(self._probe_s)[len(self._probe_s) // 2]
+        self._fork_due = self.probe_step_s >= FORK_MIN_STEP_S
+
+    def _step_groups_wire(self, sids: list[int], s_hist: list[int], s_steps: list[int], q: int) -> tuple[dict, int]:
+        """`_step_groups` in a group worker, with the batch splits it counted (the parent's `capacity_splits`);
+        inputs and link rows as Python lists (pickled in a fraction of the time of small arrays: a batch-1 step's
+        round trip is most of its cost), the same int64 / float64 values."""
+        splits = self.capacity_splits
+        out = self._step_groups(sids, np.array(s_hist, dtype=np.int64), np.array(s_steps, dtype=np.int64), q)
+        for totals in out.values():
+            totals["rows"] = totals["rows"].tolist()
+        return out, self.capacity_splits - splits
 
     def _fork_workers(self) -> None:
         """Split the simulated groups over `processes` (round robin in group order; this process keeps the
@@ -493,6 +530,8 @@ class PolicyRunner:
         from sim.group_workers import GroupWorkers
 
         n = min(self.processes, len(self.groups))
+        if n < 2:
+            return
         shares = [self.groups[i::n] for i in range(n)]
         self.workers = GroupWorkers(self, shares[1:])
         self.processes_used = n

@@ -197,13 +197,14 @@ def _json_safe(obj):
 def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
            trace_events: Path | None = None, calibration: Path | None = None,
            overrides: list[str] | None = None, max_memory_gb: float | None = None,
-           policy_workers: int | None = None) -> dict:
+           policy_workers: int | None = 1) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
 
     Before simulating, its peak memory is estimated (sim/footprint.py); above `max_memory_gb` or what the machine
     has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written.
-    `policy_workers`: processes the simulated indexer groups run in (sim/group_workers.py; default
-    $ULACACHE_POLICY_WORKERS, else the usable cores); every metric but the wall time is the same for any number."""
+    `policy_workers`: processes the simulated indexer groups may run in (sim/group_workers.py; None:
+    $ULACACHE_POLICY_WORKERS, else the usable cores, as `ulacache replay`, `sweep` and `plan` run); every metric but
+    the wall time and `policy_processes` is the same for any number."""
     wall0 = time.perf_counter()
     tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
     cfg = build(tree)
@@ -230,6 +231,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     metrics = metrics_of(cfg, system, budget, engine, wall, costs)
     metrics["est_peak_memory_bytes"] = est["peak_bytes"]
     metrics["policy_processes"] = engine.runner.processes_used if engine.runner is not None else 1
+    probe = engine.runner.probe_step_s if engine.runner is not None else None
+    metrics["policy_probe_step_ms"] = None if probe is None else probe * 1e3  # what chose the processes (wall time)
     # this process's peak plus the group workers' (sim/group_workers.py: shared pages count twice, an upper bound)
     metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
         float(engine.runner.worker_rss_bytes) if engine.runner is not None else 0.0)

@@ -128,7 +128,7 @@ def admitted(tree: dict, calibration, extra: list[str]) -> float:
     """Requests admitted at once when far more are offered than fit (the admission probe)."""
     import sim
 
-    return float(sim.replay(tree, None, calibration=calibration,
+    return float(sim.replay(tree, None, calibration=calibration, policy_workers=None,
                             overrides=list(ADMISSION_PROBE) + extra)["max_admitted_concurrency"])
 
 
@@ -153,7 +153,7 @@ def run(config, overrides: list[str] | None = None, calibration=None, full: bool
     cfg = build(tree)
     costs = CostModel.load(cfg.hardware, cfg.model, calibration, overrides=cfg.costs)
     t0 = time.perf_counter()
-    base = headline(sim.replay(tree, None, calibration=calibration))
+    base = headline(sim.replay(tree, None, calibration=calibration, policy_workers=None))
     base["admitted"] = admitted(tree, calibration, [])
     todo = [c for c in ASSUMED if c.applies(cfg, costs)]
     skipped = [c.key for c in ASSUMED if not c.applies(cfg, costs)]
@@ -163,7 +163,7 @@ def run(config, overrides: list[str] | None = None, calibration=None, full: bool
         for factor in FACTORS:
             v = perturbed(c, value, factor, cfg)
             setting = [f"{c.key}={_text(v, c)}"]
-            got = headline(sim.replay(tree, None, calibration=calibration, overrides=setting))
+            got = headline(sim.replay(tree, None, calibration=calibration, overrides=setting, policy_workers=None))
             got["admitted"] = admitted(tree, calibration, setting) if c.capacity else base["admitted"]
             row = {"constant": c.key, "source": c.source, "factor": factor, "base_value": value, "value": v,
                    "admission_probed": c.capacity}

@@ -124,7 +124,7 @@ def sim_replay(config: dict, out_dir: Path) -> dict:
     from traces.atomic import StagedDir
 
     with StagedDir(out_dir, replace=True) as stage:  # our own point dir
-        metrics = sim.replay(config, stage.path, progress=False)
+        metrics = sim.replay(config, stage.path, progress=False, policy_workers=None)  # (the usable cores)
         stage.publish()
     return metrics
 

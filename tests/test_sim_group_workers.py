@@ -6,10 +6,11 @@ import signal
 import pytest
 
 import sim
+import sim.policy
 from sim.group_workers import ENV_VAR, GroupWorkers, resolve_processes
 
 DROP = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "sim_cpu_s", "peak_rss_bytes",
-        "est_peak_memory_bytes", "policy_processes"}  # (the process's, not the run's)
+        "est_peak_memory_bytes", "policy_processes", "policy_probe_step_ms"}  # (the process's, not the run's)
 
 
 def _cfg(system: str, attention: str, concurrency: int, **extra) -> dict:
@@ -31,7 +32,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_metrics_equal_across_process_counts(name):
+def test_metrics_equal_across_process_counts(name, monkeypatch):
+    monkeypatch.setattr(sim.policy, "FORK_MIN_STEP_S", 0.0)  # fork after the probe however short the steps
     one = sim.replay(CASES[name], policy_workers=1)
     assert one["policy_processes"] == 1
     for n in (2, 3):
@@ -40,6 +42,13 @@ def test_metrics_equal_across_process_counts(name):
         assert many["policy_processes"] > 1
         assert {k: v for k, v in many.items() if k not in DROP} == {k: v for k, v in one.items() if k not in DROP}
         assert many["peak_rss_bytes"] > 0
+
+
+def test_short_steps_stay_in_one_process(monkeypatch):
+    monkeypatch.setattr(sim.policy, "FORK_MIN_STEP_S", 3600.0)
+    m = sim.replay(CASES["ulacache tp, pilot then 2 groups"], policy_workers=2)
+    assert m["policy_processes"] == 1
+    assert m["policy_probe_step_ms"] > 0  # the probe ran (it chose one process)
 
 
 def test_resolve_processes(monkeypatch):
@@ -120,3 +129,25 @@ def test_a_queued_failure_at_the_end_is_raised_by_close():
     with pytest.raises(ValueError, match="at the end"):
         w.close()
     assert not w.children
+
+
+def test_cli_replay_runs_groups_in_the_processes_asked(tmp_path, monkeypatch, capsys):
+    import json
+
+    import yaml
+
+    from ulacache_cli.main import main
+
+    monkeypatch.setattr(sim.policy, "FORK_MIN_STEP_S", 0.0)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(CASES["ulacache tp, pilot then 2 groups"]))
+    assert main(["replay", str(cfg), "--out", str(tmp_path / "o"), "--quiet", "--policy-workers", "2"]) == 0
+    got = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert got["policy_processes"] == 2
+    one = sim.replay(CASES["ulacache tp, pilot then 2 groups"])  # the Python API: one process unless asked
+    assert one["policy_processes"] == 1 and one["policy_probe_step_ms"] is None
+    assert {k: v for k, v in got.items() if k not in DROP} == json.loads(json.dumps(
+        {k: v for k, v in one.items() if k not in DROP}))
+    assert main(["replay", str(cfg), "--out", str(tmp_path / "p"), "--policy-workers", "0"]) == 2
+    assert "--policy-workers" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
