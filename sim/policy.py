@@ -35,7 +35,8 @@ import numpy as np
 from sim.tables import GroupTables
 
 # Group workers (sim/group_workers.py) are forked when the simulated groups' median step over the first PROBE_STEPS
-# policy steps after the pilot takes FORK_MIN_STEP_S or more in one process: a step's messages cost ~0.1 ms of wall
+# policy steps after the pilot takes FORK_MIN_STEP_S or more in one process (at once when those steps already took
+# PROBE_STEPS x FORK_MIN_STEP_S: a paper-scale step at full fidelity takes seconds): a step's messages cost ~0.1 ms of wall
 # and more of CPU (a pipe round trip with its pickling measured 74 us here). Measured on the 2-core box (groups'
 # median step -> replay wall, 1 process -> 2): batch-1 HiSparse DP without drafts (0.7-0.9 ms) 6.0 -> 6.8 s, slower;
 # with 4 drafts (1.2 ms) 6.7 -> 4.9 s; batch-1 UlaCache TP (1.5 ms) 10.6 -> 9.6 s; the pinned-keys TP (~10 ms)
@@ -509,10 +510,12 @@ class PolicyRunner:
         for its messages."""
         self._probe_s.append(step_s)
         self._probe_left -= 1
-        if self._probe_left:
+        long_now = sum(self._probe_s) >= PROBE_STEPS * FORK_MIN_STEP_S  # long steps: no need to wait for 16
+        if self._probe_left and not long_now:
             return
+        self._probe_left = 0
         self.probe_step_s = sorted(self._probe_s)[len(self._probe_s) // 2]
-        self._fork_due = self.probe_step_s >= FORK_MIN_STEP_S
+        self._fork_due = long_now or self.probe_step_s >= FORK_MIN_STEP_S
 
     def _step_groups_wire(self, sids: list[int], s_hist: list[int], s_steps: list[int], q: int) -> tuple[dict, int]:
         """`_step_groups` in a group worker, with the batch splits it counted (the parent's `capacity_splits`);

@@ -232,7 +232,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     metrics["est_peak_memory_bytes"] = est["peak_bytes"]
     metrics["policy_processes"] = engine.runner.processes_used if engine.runner is not None else 1
     probe = engine.runner.probe_step_s if engine.runner is not None else None
-    metrics["policy_probe_step_ms"] = None if probe is None else probe * 1e3  # what chose the processes (wall time)
+    if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes
+        metrics["policy_probe_step_ms"] = probe * 1e3
     # this process's peak plus the group workers' (sim/group_workers.py: shared pages count twice, an upper bound)
     metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
         float(engine.runner.worker_rss_bytes) if engine.runner is not None else 0.0)
