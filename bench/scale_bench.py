@@ -4,7 +4,7 @@ Sections (each replay runs alone, one at a time, under an address-space limit). 
 run in forked processes (sim/group_workers.py, one per usable core), so one process's peak RSS (/usr/bin/time's) is
 not the run's. `peak_gb` is the most of: that main-process peak and the process tree's summed PSS (proportional
 set size: a page shared by n processes counts 1/n in each), sampled every 0.2 s; `peak_rss_sum_gb` is the replay's
-own `peak_rss_bytes` (every process's peak RSS summed: shared pages twice, an upper bound). The 2 GB target is
+own `peak_rss_bytes` (its peak RSS plus each group worker's largest sample of its private pages). The 2 GB target is
 judged on `peak_gb`.
 - pinned:     the DESIGN §8 keys only (glm-5, pb-lru, CPU storage, no draft tokens, 24 requests at concurrency 24,
               seed 1) for every system x attention x hardware preset. Target <= 2 GB and <= 30 s each.

@@ -16,17 +16,21 @@ the children's results in group order, so every metric is the same bit for bit a
 Calls whose results the parent does not need (grow, release) are queued and go with the next call that waits for
 its result (one message a step at batch size 1, not two); they get no reply unless they fail, and a failure is
 raised in the parent at that call. A child whose parent is gone reads EOF and exits; the parent ends its
-children in `close` and adds their peak resident sets to the run's `peak_rss_bytes`: an upper bound, since the
-pages a child shares with the parent (the interpreter, what the fork copied before either side wrote) count twice.
+children in `close`. Memory: a child's resident set counts the parent's pages it maps since the fork (its peak RSS
+is the parent's at the fork), so each child samples its private pages (/proc/self/smaps_rollup, at most once a
+`SAMPLE_S`, and at the end) and the run's `peak_rss_bytes` is the parent's peak RSS plus each child's largest
+sample: the shared pages once, the children's own once (peaks at different times add: at most a little above the
+simultaneous peak, or below it by what a child held only between samples).
 """
 from __future__ import annotations
 
 import os
 import pickle
-import resource
+import time
 from multiprocessing.connection import Pipe
 
 ENV_VAR = "ULACACHE_POLICY_WORKERS"  # processes for a replay's policy groups when the caller names none
+SAMPLE_S = 1.0  # a child reads its private pages at most this often (a read walks its page tables: ~ms per GB)
 
 
 def usable_cores() -> int:
@@ -53,19 +57,36 @@ def resolve_processes(requested: int | None) -> int:
     return int(requested)
 
 
+def private_bytes() -> int:
+    """This process's private resident pages (Private_Clean + Private_Dirty of /proc/self/smaps_rollup), 0 where
+    unreadable."""
+    total = 0
+    try:
+        with open("/proc/self/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return total
+
+
 def _serve(conn, runner, groups: list[int]) -> None:
     """The child's loop: keep `groups`, then run the calls the parent sends until it says stop (None) or is gone."""
     runner.workers = None  # (the parent's handles, copied by the fork)
     runner._keep_groups(groups)
     failed = False
+    peak, sampled = private_bytes(), time.monotonic()
     while True:
         try:
             calls = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
         if calls is None:
-            _send(conn, ("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+            _send(conn, ("rss", max(peak, private_bytes())))
             return
+        if time.monotonic() - sampled >= SAMPLE_S:  # (before the calls: the previous ones' result)
+            peak, sampled = max(peak, private_bytes()), time.monotonic()
         for method, args, reply in calls:  # queued calls, then (last) the one the parent waits for
             if failed:  # the parent raises the first failure; later calls would run on a broken state
                 break
@@ -150,8 +171,8 @@ class GroupWorkers:
         return out
 
     def close(self) -> None:
-        """Stop the children and wait for them; the sum of their peak resident sets goes to `extra_rss_bytes`. A
-        queued call that failed in a child is raised here, once every child is gone."""
+        """Stop the children and wait for them; the sum of their largest private-memory samples goes to
+        `extra_rss_bytes`. A queued call that failed in a child is raised here, once every child is gone."""
         failure = None
         try:
             self._flush()

@@ -269,7 +269,7 @@ class PolicyRunner:
         self._probe_s: list[float] = []
         self.probe_step_s = None
         self._fork_due = False
-        self.worker_rss_bytes = 0  # the children's peak resident sets, summed
+        self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -549,7 +549,7 @@ class PolicyRunner:
         release_memory()
 
     def close(self) -> None:
-        """Stop the group workers (the sum of their peak resident sets: `worker_rss_bytes`)."""
+        """Stop the group workers (the sum of their largest private-memory samples: `worker_rss_bytes`)."""
         if self.workers is not None:
             self.workers.close()
             self.worker_rss_bytes = self.workers.extra_rss_bytes

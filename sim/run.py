@@ -234,7 +234,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     probe = engine.runner.probe_step_s if engine.runner is not None else None
     if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes
         metrics["policy_probe_step_ms"] = probe * 1e3
-    # this process's peak plus the group workers' (sim/group_workers.py: shared pages count twice, an upper bound)
+    # this process's peak plus the group workers' private pages (sim/group_workers.py: sampled)
     metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
         float(engine.runner.worker_rss_bytes) if engine.runner is not None else 0.0)
     if out_dir is not None:
