@@ -33,7 +33,7 @@ CASES = {
                                            "workload": {"num_requests": 4, "max_concurrency": 1, "seed": 1}},
 }
 SKIP = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "sim_cpu_s", "peak_rss_bytes",
-        "est_peak_memory_bytes", "policy_processes"}
+        "est_peak_memory_bytes", "policy_processes", "policy_probe_step_ms"}
 CODE = ("import json, sys, sim; a = json.loads(sys.argv[1]); "
         "m = sim.replay(a['config'], policy_workers=a['n']); print('METRICS ' + json.dumps(m))")
 
