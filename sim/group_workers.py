@@ -74,7 +74,7 @@ def private_bytes() -> int:
 def _serve(conn, runner, groups: list[int]) -> None:
     """The child's loop: keep `groups`, then run the calls the parent sends until it says stop (None) or is gone."""
     runner.workers = None  # (the parent's handles, copied by the fork)
-    runner._keep_groups(groups)
+    runner.keep_groups(groups)
     failed = False
     peak, sampled = private_bytes(), time.monotonic()
     while True:
@@ -112,7 +112,7 @@ class GroupWorkers:
     """Child processes each running a share of a PolicyRunner's groups (see the module docstring)."""
 
     def __init__(self, runner, shares: list[list[int]]):
-        """Fork one child per share (`runner` must offer `_keep_groups`); the parent keeps what the shares leave."""
+        """Fork one child per share (`runner` must offer `keep_groups`); the parent keeps what the shares leave."""
         self.children: list[tuple[int, object]] = []  # (pid, connection)
         self.extra_rss_bytes = 0
         for groups in shares:

@@ -330,8 +330,8 @@ class PolicyRunner:
         self.space_of[rid] = space
         self.sampled[rid] = rank
         if self.workers is not None:
-            self.workers.send("_admit_groups", rid, rank, int(num_tokens), reply=True)
-        placed = self._admit_groups(rid, rank, int(num_tokens))
+            self.workers.send("admit_groups", rid, rank, int(num_tokens), reply=True)
+        placed = self.admit_groups(rid, rank, int(num_tokens))
         if self.workers is not None:
             for part in self.workers.gather():
                 placed.update(part)
@@ -343,7 +343,7 @@ class PolicyRunner:
                 self.prompt_rows_own += float(cpu.sum())  # the sampled requests' own (the prefill shares it out)
         return True
 
-    def _admit_groups(self, rid: int, rank: int, num_tokens: int) -> dict:
+    def admit_groups(self, rid: int, rank: int, num_tokens: int) -> dict:
         """Admit into this process's caches: {group: its prompt rows placed in the CPU tier, per rank}."""
         out = {}
         self.tables.next_round()
@@ -364,8 +364,8 @@ class PolicyRunner:
             if rank is None or c <= 0:
                 return
             if self.workers is not None:
-                self.workers.send("_grow_one", rid, c, rank)
-            self._grow_one(rid, c, rank)
+                self.workers.send("grow_one", rid, c, rank)
+            self.grow_one(rid, c, rank)
             return
         keep = [(r, int(c)) for r, c in zip(rids, counts) if r in self.sampled and c > 0]
         if not keep:
@@ -374,16 +374,16 @@ class PolicyRunner:
         cnt = np.array([c for _, c in keep], dtype=np.int64)
         ranks = np.array([self.sampled[r] for r in ids], dtype=np.int64)
         if self.workers is not None:
-            self.workers.send("_grow_many", ids, cnt, ranks)
-        self._grow_many(ids, cnt, ranks)
+            self.workers.send("grow_many", ids, cnt, ranks)
+        self.grow_many(ids, cnt, ranks)
 
-    def _grow_one(self, rid: int, c: int, rank: int) -> None:
+    def grow_one(self, rid: int, c: int, rank: int) -> None:
         """One request's accepted tokens, in this process's caches."""
         self.tables.next_round()
         for g, cache in self.caches.items():
             self.tables.append(g, rid, cache.alloc(int(rid), c, rank=int(rank)))
 
-    def _grow_many(self, ids: list[int], cnt: np.ndarray, ranks: np.ndarray) -> None:
+    def grow_many(self, ids: list[int], cnt: np.ndarray, ranks: np.ndarray) -> None:
         """Several requests' accepted tokens, in this process's caches."""
         offsets = [0]
         for c in cnt.tolist():
@@ -406,10 +406,10 @@ class PolicyRunner:
             return
         self.sampled_per_space[self.space_of.pop(rid)] -= 1
         if self.workers is not None:
-            self.workers.send("_release_groups", rid)
-        self._release_groups(rid)
+            self.workers.send("release_groups", rid)
+        self.release_groups(rid)
 
-    def _release_groups(self, rid: int) -> None:
+    def release_groups(self, rid: int) -> None:
         """Free a request in this process's caches."""
         for g, cache in self.caches.items():
             cache.free(rid)
@@ -448,7 +448,7 @@ class PolicyRunner:
         if probing:
             t0 = time.perf_counter()
         if self.workers is not None:  # the children step their groups while this process steps its own
-            self.workers.send("_step_groups_wire", sids, s_hist.tolist(), s_steps.tolist(), q, reply=True)
+            self.workers.send("step_groups_wire", sids, s_hist.tolist(), s_steps.tolist(), q, reply=True)
         step_totals = self._step_groups(sids, s_hist, s_steps, q)
         if probing:
             self._probe(time.perf_counter() - t0)
@@ -517,7 +517,7 @@ class PolicyRunner:
         self.probe_step_s = sorted(self._probe_s)[len(self._probe_s) // 2]
         self._fork_due = long_now or self.probe_step_s >= FORK_MIN_STEP_S
 
-    def _step_groups_wire(self, sids: list[int], s_hist: list[int], s_steps: list[int], q: int) -> tuple[dict, int]:
+    def step_groups_wire(self, sids: list[int], s_hist: list[int], s_steps: list[int], q: int) -> tuple[dict, int]:
         """`_step_groups` in a group worker, with the batch splits it counted (the parent's `capacity_splits`);
         inputs and link rows as Python lists (pickled in a fraction of the time of small arrays: a batch-1 step's
         round trip is most of its cost), the same int64 / float64 values."""
@@ -538,9 +538,9 @@ class PolicyRunner:
         shares = [self.groups[i::n] for i in range(n)]
         self.workers = GroupWorkers(self, shares[1:])
         self.processes_used = n
-        self._keep_groups(shares[0])
+        self.keep_groups(shares[0])
 
-    def _keep_groups(self, groups: list[int]) -> None:
+    def keep_groups(self, groups: list[int]) -> None:
         """Drop the caches and tables of the groups not in `groups` (another process runs them)."""
         for g in list(self.caches):
             if g not in groups:

@@ -66,13 +66,13 @@ def test_resolve_processes(monkeypatch):
 
 
 class _Runner:
-    """What GroupWorkers needs of a runner: `_keep_groups`, and the methods the parent sends."""
+    """What GroupWorkers needs of a runner: `keep_groups`, and the methods the parent sends."""
 
     def __init__(self):
         self.groups = []
         self.log = []
 
-    def _keep_groups(self, groups):
+    def keep_groups(self, groups):
         self.groups = list(groups)
 
     def note(self, x):
