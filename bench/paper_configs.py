@@ -71,25 +71,26 @@ def run_key(hw: str, att: str, draft: int, system: str, cap: int) -> str:
 
 
 def config_of(hw: str, att: str, draft: int, system: str, cap: int, requests_per_cap: int,
-              steps_on: int, steps_off: int) -> dict:
+              steps_on: int, steps_off: int, model: str = "glm-5") -> dict:
     """Pinned keys only (DESIGN §8), plus the step bound."""
     wl = {"num_requests": 1 if cap == 1 else requests_per_cap * cap, "max_concurrency": cap, "seed": SEED,
           "max_steps": 0 if cap == 1 else (steps_on if draft else steps_off)}
     return {"system": system, "attention": att, "hardware": {"preset": hw, "num_gpus": 8},
-            "model": {"preset": "glm-5"}, "policy": "pb-lru", "cpu_storage": True,
+            "model": {"preset": model}, "policy": "pb-lru", "cpu_storage": True,
             "spec": {"draft_tokens": draft}, "workload": wl}
 
 
 def run_config(run: dict, args) -> dict:
     return config_of(run["hardware"], run["attention"], run["draft_tokens"], run["system"], run["cap"],
-                     args.requests_per_cap, args.steps_on, args.steps_off)
+                     args.requests_per_cap, args.steps_on, args.steps_off, args.model)
 
 
-def grid(caps=CAPS) -> list[dict]:
-    """Every run, most wanted first: caps 256 (admission) and 1 (TPOT) before 64 and 16."""
+def grid(caps=CAPS, b300_extra_caps=()) -> list[dict]:
+    """Every run, most wanted first: caps 256 (admission) and 1 (TPOT) before 64 and 16 (then B300's extra caps)."""
     order = {256: 0, 1: 1, 64: 2, 16: 3}
     runs = [{"key": run_key(hw, att, d, s, c), "hardware": hw, "attention": att, "draft_tokens": d, "system": s,
-             "cap": c} for hw in HARDWARE for att in ATTENTION for d in DRAFTS for s in SYSTEMS for c in caps]
+             "cap": c} for hw in HARDWARE for att in ATTENTION for d in DRAFTS for s in SYSTEMS
+            for c in (tuple(caps) + (tuple(b300_extra_caps) if hw == "b300" else ()))]
     return sorted(runs, key=lambda r: order.get(r["cap"], 9))
 
 
@@ -144,7 +145,8 @@ def table_rows(records: dict) -> list[dict]:
         for att in ATTENTION:
             for d in DRAFTS:
                 for s in SYSTEMS:
-                    recs = {c: records.get(run_key(hw, att, d, s, c)) for c in CAPS}
+                    caps = CAPS + tuple(c for c in (512,) if records.get(run_key(hw, att, d, s, c)))
+                    recs = {c: records.get(run_key(hw, att, d, s, c)) for c in caps}
                     ok = {c: r["metrics"] for c, r in recs.items() if r and r.get("status") == "ok"}
                     row = {"hardware": hw, "attention": att, "spec": "on" if d else "off", "system": s,
                            "caps_ok": sorted(ok), "caps_missing": [c for c in CAPS if c not in ok]}
@@ -336,6 +338,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--only-caps", default="1,16,64,256")
+    ap.add_argument("--b300-extra-caps", default="", help="caps run on B300 only, e.g. 512 (its larger HBM)")
+    ap.add_argument("--model", default="glm-5", help="model preset of every run (the configs/paper-*.yaml: glm-5.2)")
     ap.add_argument("--filter", default="", help="run only keys containing each comma-separated part")
     ap.add_argument("--requests-per-cap", type=int, default=2)
     ap.add_argument("--steps-on", type=int, default=160, help="max_steps of caps > 1 with draft tokens")
@@ -365,7 +369,8 @@ def main(argv=None) -> int:
         args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     caps = tuple(int(c) for c in args.only_caps.split(","))
     parts = [p for p in args.filter.split(",") if p]
-    runs = [r for r in todo(grid(caps), data["records"], lambda r: run_config(r, args))
+    extra = tuple(int(c) for c in args.b300_extra_caps.split(",") if c)
+    runs = [r for r in todo(grid(caps, extra), data["records"], lambda r: run_config(r, args))
             if all(p in r["key"] for p in parts)]
     run_py = tree / "sim" / "run.py"
     has_steady = run_py.is_file() and "run_throughput_tok_s" in run_py.read_text()
@@ -380,7 +385,7 @@ def main(argv=None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv[:1], *(argv or sys.argv[1:])]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
-        "settings": {"seed": SEED, "requests_per_cap": args.requests_per_cap, "steps_on": args.steps_on,
+        "settings": {"seed": SEED, "model": args.model, "b300_extra_caps": list(extra), "requests_per_cap": args.requests_per_cap, "steps_on": args.steps_on,
                      "steps_off": args.steps_off, "jobs": args.jobs, "mem_budget_gb": args.mem_budget_gb,
                      "mem_gb": args.mem_gb, "deadline_s": args.deadline_s},
         "tree_has_steady_metric": has_steady,
@@ -413,8 +418,8 @@ def definitions(has_steady: bool, args) -> str:
             f"tree). Runs: cap 1 = 1 request to completion; cap C > 1 = {args.requests_per_cap}xC requests, cut at "
             f"{args.steps_on} steps with 4 draft tokens / {args.steps_off} without. Batch-1 TPOT: `tpot_ms_mean` of "
             f"the cap-1 run (1 request: its decode time / its output tokens). Admitted @256: "
-            f"`max_admitted_concurrency` of the cap-256 run. Pinned keys only: glm-5, 8 GPUs, pb-lru, CPU storage, "
-            f"seed {SEED}.")
+            f"`max_admitted_concurrency` of the cap-256 run. Pinned keys only: {getattr(args, 'model', 'glm-5')}, 8 GPUs, pb-lru, "
+            f"CPU storage, seed {SEED}.")
 
 
 if __name__ == "__main__":
