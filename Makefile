@@ -14,10 +14,10 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,torch]'
+	$(BIN)/python -m pip install -q -e '.[dev,sim,sweep,report,torch]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install ulacache with dev + torch (CPU) extras
+install: $(STAMP)  ## create .venv and install ulacache with the dev, sim, sweep, report and torch (CPU) extras
 
 demo: $(STAMP)  ## generate a trace, replay sglang / hisparse / ulacache, write the HTML report
 	$(BIN)/ulacache demo --out $(OUT)

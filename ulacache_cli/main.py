@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from ulacache.errors import CapacityError
+from ulacache_cli.extras import missing_extra
 
 # Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
 COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare_cli", "sim.sensitivity_cli", "hw.cli",
@@ -69,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ulacache: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:  # a command whose extra is not installed: name it (ulacache_cli/extras.py)
+        line = missing_extra(exc, args.command)
+        if line is None:
+            raise
+        print(f"ulacache: error: {line}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, KeyError, OSError, EOFError, OverflowError) as exc:
         print(f"ulacache: error: {_one_line(exc)}", file=sys.stderr)
         return 2
