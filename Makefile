@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-gpu bench lint clean browser
+.PHONY: help install demo test test-gpu bench bench-paper docs lint clean browser
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,18 +28,37 @@ test: $(STAMP)  ## run the test suite (GPU tests skip without a GPU)
 test-gpu: $(STAMP)  ## run only the GPU-marked tests (on a CUDA host)
 	$(BIN)/python -m pytest -m gpu
 
-bench: $(STAMP)  ## run the CPU benchmarks, JSON under bench/results/
-	$(BIN)/python bench/policy_bench.py
-	$(BIN)/python bench/trace_bench.py
-	$(BIN)/python bench/sim_bench.py
-	$(BIN)/python bench/sweep_bench.py
+# The maintained benchmark suite (docs/performance.md shows their results): each writes one JSON under bench/results/. `make bench` runs the
+# CPU benchmarks (about half an hour on 2 cores); `make bench BENCH="policy trace"` runs some of them.
+BENCH ?= policy pool_scale dedup trace sim sweep footprint pblru scale
+bench: $(STAMP)  ## run the CPU benchmarks (BENCH="policy ..." for some), JSON under bench/results/
+	@for b in $(BENCH); do case $$b in \
+	  policy) cmd="bench/policy_bench.py";; \
+	  pool_scale) cmd="bench/pool_scale_bench.py";; \
+	  dedup) cmd="bench/dedup_crossover.py bench/results/dedup_crossover.json";; \
+	  trace) cmd="bench/trace_bench.py";; \
+	  sim) cmd="bench/sim_bench.py";; \
+	  sweep) cmd="bench/sweep_bench.py";; \
+	  footprint) cmd="bench/footprint_accuracy.py --tag current";; \
+	  pblru) cmd="bench/pblru_gap.py --label current";; \
+	  scale) cmd="bench/scale_bench.py --only pinned,batch1,paper";; \
+	  *) echo "unknown benchmark $$b"; exit 2;; esac; \
+	  echo "== $$cmd"; $(BIN)/python $$cmd || exit 1; done
+
+bench-paper: $(STAMP)  ## the paper-config peaks (hours; a many-core host): bench/results/paper_configs_<label>.json
+	$(BIN)/python bench/paper_configs.py --label $(or $(LABEL),current) --model glm-5.2
+
+docs: $(STAMP)  ## regenerate docs/cli.md, docs/config.md and docs/performance.md from the code and bench/results
+	$(BIN)/python docs/gen_cli_reference.py
+	$(BIN)/python docs/gen_config_reference.py
+	$(BIN)/python docs/gen_performance.py
 
 browser:  ## install Chromium from the OS packages (apt-get; for tests/test_report_browser.py)
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -q
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check ulacache traces sim hw reports ulacache_cli tests bench
+	$(BIN)/ruff check ulacache traces sim hw reports ulacache_cli tests bench docs
 
 clean:  ## remove the venv and outputs
 	rm -rf $(VENV) out *.egg-info
