@@ -8,22 +8,34 @@ sim.hardware.line_bytes): one on host->GPU reads
 (`pcie_host_cap_bytes_s`, seen by swaps). Each cap is chosen, by coordinate search over candidates taken from the
 measured aggregate rates, to minimise the squared log error of the model's prediction over every measured point;
 a cap is kept only where it lowers that error (no cap = the links alone).
+
+Topology (sim/hardware.py `Topology`): the fitted caps are per socket. The points are predicted on the measured
+host's topology (`MEASURED_HOST`: its GPUs on one socket, each behind its own switch, no datasheet caps -- its
+parts are not known), where they are the one resource every GPU's transfers share. `shared_level` says which level
+the data allow: a cap shared by GPUs that together moved more than one PCIe Gen5 x16 uplink carries cannot be a
+switch uplink, so it sits at the socket (root complex / memory) -- the level the simulator applies it at.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from sim.hardware import concurrent_exchange_s, line_bytes
+from sim.hardware import Topology, concurrent_exchange_s, line_bytes
 
 FIT_OPS = ("read_only", "swap")  # the exchanges the simulator models (h2d flow; h2d + d2h flows)
 CAP_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_cap_bytes_s")
 
 
-class LinkTable:
-    """The link half of sim.costs.CostModel from plain values (bandwidths, latencies, efficiency tables)."""
+MEASURED_HOST = Topology(num_sockets=1, gpus_per_switch=1)  # the calibration host: one socket, one GPU per switch
+GEN5_X16_RAW_BYTES_S = 63.0e9  # PCIe 5.0: 32 GT/s x 16 lanes x 128/130 / 8, each direction (sim/presets.py)
 
-    def __init__(self, values: dict):
+
+class LinkTable:
+    """The link half of sim.costs.CostModel from plain values (bandwidths, latencies, efficiency tables), on a
+    topology (default: the measured host's)."""
+
+    def __init__(self, values: dict, topology: Topology = MEASURED_HOST):
         self.values = dict(values)
+        self.topology = topology
 
     def _eff(self, kind: str, row_bytes: float) -> float:
         table = self.values.get(f"{kind}_row_efficiency_by_bytes") or {}
@@ -46,12 +58,26 @@ class LinkTable:
         return v["nvlink_latency_s"] + rows * row_bytes / self._eff("peer", row_bytes) / v["nvlink_bw_bytes_s"]
 
 
-def predict(values: dict, op: str, num_gpus: int, num_rows: int, row_bytes: int) -> float:
+def predict(values: dict, op: str, num_gpus: int, num_rows: int, row_bytes: int,
+            topology: Topology = MEASURED_HOST) -> float:
     """The node model's time of `op` with `num_gpus` GPUs each moving `num_rows` rows at once."""
     swap = op == "swap"
-    ex, _ = concurrent_exchange_s(LinkTable(values), row_bytes, [num_rows] * num_gpus,
+    ex, _ = concurrent_exchange_s(LinkTable(values, topology), row_bytes, [num_rows] * num_gpus,
                                   [num_rows if swap else 0] * num_gpus)
     return ex
+
+
+def shared_level(points: list[dict], uplink_raw_bytes_s: float = GEN5_X16_RAW_BYTES_S) -> dict:
+    """Where a cap shared by all the measured GPUs can sit: the most payload bytes/s the GPUs moved together in one
+    direction (read-only exchanges, k >= 2) against one switch uplink's raw rate. Above it, no single uplink carried
+    them: the shared cap is at the socket."""
+    rates = [p["num_gpus"] * p["num_rows"] * p["row_bytes"] / p["time_s"] for p in points
+             if p["op"] == "read_only" and p["num_gpus"] >= 2]
+    if not rates:
+        return {"level": "unknown", "max_read_payload_bytes_s": None, "uplink_raw_bytes_s": uplink_raw_bytes_s}
+    top = max(rates)
+    return {"level": "socket" if top > uplink_raw_bytes_s else "switch or socket", "max_read_payload_bytes_s": top,
+            "uplink_raw_bytes_s": uplink_raw_bytes_s}
 
 
 def _error(values: dict, points: list[dict]) -> float:
@@ -87,7 +113,7 @@ def fit_host_caps(link_values: dict, points: list[dict], rounds: int = 3) -> dic
     rel = [abs(p["predicted_s"] / p["time_s"] - 1) for p in out]
     return {"caps": {k: (float(v) if v else None) for k, v in caps.items()}, "error_no_caps": base_err,
             "error": best, "median_rel_err": float(np.median(rel)) if rel else None,
-            "max_rel_err": float(np.max(rel)) if rel else None, "points": out}
+            "max_rel_err": float(np.max(rel)) if rel else None, "points": out, "shared_level": shared_level(pts)}
 
 
 AFTER_EXCHANGE_KEY = "peer_after_exchange_latency_s"

@@ -13,9 +13,18 @@ host<->GPU transfer of every GPU also crosses the host side, whose rate may be c
 6 lines = 768 B; a 1152-B row 9), since PCIe requests and host memory work in lines. With any cap set the node's links are routes through one `Fabric` that
 shares the resources max-min fairly (progressive filling); `fluid_finish_s` is the same model without simpy (used
 by the fit and by `hw validate`). simpy is imported lazily so the pure functions load on hosts without it.
+
+Node topology (`Topology`, sim/COSTS.md "Node topology"): the host side is not one node-wide resource. GPU r sits
+behind a PCIe switch (`gpus_per_switch` GPUs share its uplink) on one CPU socket; the calibrated host caps above are
+per socket (the 2-GPU calibration host had both GPUs on one), and the preset's datasheet caps add each switch's
+uplink and each socket's root complex (per direction, in link occupancy) and DRAM (both directions, in line bytes);
+a rank's pinned host KV is on its own socket, or a share of it (`host_kv_remote_fraction`) on the others, whose
+rows cross the inter-socket link and load that socket's DRAM. A cost object without a hardware topology (the fit's
+link table, the tests' stand-ins) is one socket: the node-wide model as before.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import count
 from types import MappingProxyType
@@ -257,17 +266,106 @@ def fluid_finish_s(sizes: list[float], routes: list[dict], caps: dict) -> list[f
     return done
 
 
-def node_caps(costs, num_gpus: int) -> dict:
-    """Resource capacities of the node model: per GPU h2d/d2h/nvlink links (occupancy bytes/s), host-side caps
-    (payload bytes/s) where calibrated."""
+@dataclass(frozen=True)
+class Topology:
+    """Where a GPU's host<->GPU traffic goes. GPU r is on socket r // gpus_per_socket (the last socket takes any
+    rest) behind switch (socket, local index // gpus_per_switch); its host KV is on its own socket, `remote_fraction`
+    of it spread evenly over the other sockets. Caps (None = not modelled) are datasheet figures: PCIe ones raw per
+    direction (turned into link occupancy by the measured ceiling over `pcie_raw_bytes_s`), DRAM both directions
+    together and the inter-socket link each way (line bytes)."""
+
+    num_sockets: int = 1
+    gpus_per_socket: int = 0  # 0: every GPU on the one socket
+    gpus_per_switch: int = 1
+    pcie_raw_bytes_s: float | None = None
+    switch_uplink_raw_bytes_s: float | None = None
+    socket_pcie_raw_bytes_s: float | None = None
+    socket_mem_bw_bytes_s: float | None = None
+    inter_socket_bw_bytes_s: float | None = None
+    remote_fraction: float = 0.0
+
+    def socket_of(self, rank: int) -> int:
+        if self.num_sockets <= 1 or self.gpus_per_socket <= 0:
+            return 0
+        return min(rank // self.gpus_per_socket, self.num_sockets - 1)
+
+    def switch_of(self, rank: int) -> tuple[int, int]:
+        s = self.socket_of(rank)
+        return s, (rank - s * self.gpus_per_socket) // self.gpus_per_switch
+
+    def host_key(self, key: str, socket: int) -> str:
+        """The resource of calibrated host cap `key` on `socket` (the bare key on a one-socket node)."""
+        return key if self.num_sockets <= 1 else f"{key}@socket{socket}"
+
+    def others(self, socket: int) -> list[int]:
+        return [t for t in range(self.num_sockets) if t != socket]
+
+    def switch_binds(self) -> bool:
+        """A switch uplink can cap its GPUs only when their links together are faster (else never: same packets)."""
+        return bool(self.switch_uplink_raw_bytes_s and self.pcie_raw_bytes_s
+                    and self.gpus_per_switch * self.pcie_raw_bytes_s > self.switch_uplink_raw_bytes_s)
+
+    def root_binds(self) -> bool:
+        """Likewise a socket's root complex, over the GPUs on the socket."""
+        return bool(self.socket_pcie_raw_bytes_s and self.pcie_raw_bytes_s
+                    and max(1, self.gpus_per_socket) * self.pcie_raw_bytes_s > self.socket_pcie_raw_bytes_s)
+
+
+def topology_of(costs) -> Topology:
+    """The topology of a cost object: its own `topology` if it carries one (the fit's link table), else its
+    hardware's (a `sim.presets.HardwareSpec`: GPUs spread evenly over its sockets), else one socket."""
+    topo = getattr(costs, "topology", None)
+    if topo is not None:
+        return topo
+    hw = getattr(costs, "hardware", None)
+    if hw is None or not hasattr(hw, "num_sockets"):
+        return Topology()
+    return Topology(hw.num_sockets, -(-hw.num_gpus // hw.num_sockets), hw.gpus_per_switch, hw.pcie_raw_bytes_s,
+                    hw.switch_uplink_raw_bytes_s, hw.socket_pcie_raw_bytes_s, hw.socket_mem_bw_bytes_s,
+                    hw.inter_socket_bw_bytes_s, hw.host_kv_remote_fraction)
+
+
+def _occupancy(costs, kind: str, topo: Topology, raw: float | None) -> float | None:
+    """A raw PCIe rate in occupancy bytes/s of a `kind` link: the same share of raw as the GPU's measured ceiling."""
+    if raw is None or not topo.pcie_raw_bytes_s:
+        return None
+    return raw * costs.values[f"pcie_{kind}_bw_bytes_s"] / topo.pcie_raw_bytes_s
+
+
+def _sockets(topo: Topology, num_gpus: int) -> list[int]:
+    """Sockets whose resources ranks 0..num_gpus-1 can load (every socket once host KV is placed across them)."""
+    if topo.remote_fraction > 0:
+        return list(range(topo.num_sockets))
+    return sorted({topo.socket_of(r) for r in range(num_gpus)})
+
+
+def node_caps(costs, num_gpus: int, topo: Topology | None = None) -> dict:
+    """Resource capacities of the node model: per GPU h2d/d2h/nvlink links (occupancy bytes/s); per socket in use
+    the calibrated host caps (line bytes/s) where calibrated and the topology's datasheet caps where given."""
+    topo = topology_of(costs) if topo is None else topo
     v = costs.values
     caps = {}
     for r in range(num_gpus):
         caps[f"h2d{r}"], caps[f"d2h{r}"] = v["pcie_h2d_bw_bytes_s"], v["pcie_d2h_bw_bytes_s"]
         caps[f"nvl{r}"] = v["nvlink_bw_bytes_s"]
-    for key in HOST_CAP_KEYS:
-        if v.get(key):
-            caps[key] = float(v[key])
+    sockets = _sockets(topo, num_gpus)
+    for s in sockets:
+        for key in HOST_CAP_KEYS:
+            if v.get(key):
+                caps[topo.host_key(key, s)] = float(v[key])
+    for r in range(num_gpus):
+        s, k = topo.switch_of(r)
+        for kind in ("h2d", "d2h"):
+            if topo.switch_binds():
+                caps[f"sw{s}.{k}_{kind}"] = _occupancy(costs, kind, topo, topo.switch_uplink_raw_bytes_s)
+            if topo.root_binds():
+                caps[f"rc{s}_{kind}"] = _occupancy(costs, kind, topo, topo.socket_pcie_raw_bytes_s)
+    for s in sockets:
+        if topo.socket_mem_bw_bytes_s:
+            caps[f"mem{s}"] = float(topo.socket_mem_bw_bytes_s)
+        if topo.remote_fraction > 0 and topo.inter_socket_bw_bytes_s:
+            for t in topo.others(s):
+                caps[f"upi{t}>{s}"] = float(topo.inter_socket_bw_bytes_s)
     return caps
 
 
@@ -283,13 +381,42 @@ def line_bytes(row_bytes: float) -> float:
     return LINE_BYTES * sum((s + rb - 1) // LINE_BYTES - s // LINE_BYTES + 1 for s in starts) / len(starts)
 
 
-def pcie_route(costs, kind: str, rank: int, row_bytes: float) -> dict:
+def pcie_route(costs, kind: str, rank: int, row_bytes: float, topo: Topology | None = None) -> dict:
     """Resources a host<->GPU transfer of `kind` (h2d | d2h) on GPU `rank` crosses, with its load per unit of
-    occupancy rate: 1 on its own link; on the host-side caps the line bytes per occupancy byte (payload fraction =
-    row efficiency, times line bytes per payload byte)."""
+    occupancy rate: 1 on its own link, its switch's uplink and its socket's root complex (the same packets); on the
+    calibrated host caps of its socket the line bytes per occupancy byte (payload fraction = row efficiency, times
+    line bytes per payload byte); on DRAM the same, split between its own socket and (`remote_fraction`) the others,
+    whose share also crosses the inter-socket link (reads flow to the GPU's socket, writes from it)."""
+    topo = topology_of(costs) if topo is None else topo
     link_bytes = costs.h2d_link_bytes if kind == "h2d" else costs.d2h_link_bytes
     w = line_bytes(row_bytes) / link_bytes(1, row_bytes)
-    return {f"{kind}{rank}": 1.0, f"pcie_host_{kind}_cap_bytes_s": w, "pcie_host_cap_bytes_s": w}
+    s, k = topo.switch_of(rank)
+    route = {f"{kind}{rank}": 1.0, topo.host_key(f"pcie_host_{kind}_cap_bytes_s", s): w,
+             topo.host_key("pcie_host_cap_bytes_s", s): w}
+    if topo.switch_binds():
+        route[f"sw{s}.{k}_{kind}"] = 1.0
+    if topo.root_binds():
+        route[f"rc{s}_{kind}"] = 1.0
+    f, others = topo.remote_fraction, topo.others(s)
+    if topo.socket_mem_bw_bytes_s and f < 1:
+        route[f"mem{s}"] = (1.0 - f) * w
+    for t in (others if f > 0 else ()):
+        if topo.socket_mem_bw_bytes_s:
+            route[f"mem{t}"] = f * w / len(others)
+        route[f"upi{t}>{s}" if kind == "h2d" else f"upi{s}>{t}"] = f * w / len(others)
+    return route
+
+
+def shared_users(costs, num_gpus: int, topo: Topology | None = None) -> dict:
+    """Shared resource -> the ranks whose host<->GPU transfers cross it (to scale its cap to the simulated ranks)."""
+    topo = topology_of(costs) if topo is None else topo
+    users: dict[str, set] = {}
+    for r in range(num_gpus):
+        for kind in ("h2d", "d2h"):
+            for res in pcie_route(costs, kind, r, LINE_BYTES, topo):
+                if res != f"{kind}{r}":
+                    users.setdefault(res, set()).add(r)
+    return users
 
 
 def concurrent_exchange_s(costs, row_bytes: float, h2d_rows, d2h_rows, peer_rows=None) -> tuple[float, float]:
@@ -297,7 +424,8 @@ def concurrent_exchange_s(costs, row_bytes: float, h2d_rows, d2h_rows, peer_rows
     at once (then gathers peer_rows[r] rows from its peers, all ranks at once, each gather after an exchange paying
     `peer_after_exchange_s`), on the node model."""
     R = len(h2d_rows)
-    caps = node_caps(costs, R)
+    topo = topology_of(costs)
+    caps = node_caps(costs, R, topo)
     v = costs.values
     sizes, routes = [], []
     for r in range(R):
@@ -305,7 +433,7 @@ def concurrent_exchange_s(costs, row_bytes: float, h2d_rows, d2h_rows, peer_rows
             if rows > 0:
                 link = costs.h2d_link_bytes if kind == "h2d" else costs.d2h_link_bytes
                 sizes.append(link(rows, row_bytes))
-                routes.append(pcie_route(costs, kind, r, row_bytes))
+                routes.append(pcie_route(costs, kind, r, row_bytes, topo))
     ex = max(fluid_finish_s(sizes, routes, caps), default=0.0)
     ex = ex + v["pcie_latency_s"] if sizes else 0.0
     peer = 0.0
@@ -661,8 +789,10 @@ class Node:
         self.env, self.num_gpus = env, num_gpus
         self.fabric = None
         self.peer_after_exchange_s = peer_after_exchange_s(costs, num_gpus - 1)  # chained fetches: TP homes = peers
-        if any(v.get(k) for k in HOST_CAP_KEYS):
-            self._routes(costs, recorder)
+        self.topology = topology_of(costs)
+        caps = node_caps(costs, num_gpus, self.topology)
+        if len(caps) > 3 * num_gpus:  # shared host-side caps: the node model
+            self._routes(costs, recorder, caps)
             return
         self.h2d = [Link(env, f"gpu{r} pcie h2d", v["pcie_h2d_bw_bytes_s"], v["pcie_latency_s"], recorder)
                     for r in range(num_gpus)]
@@ -691,18 +821,20 @@ class Node:
             return not self.fabric.busy()
         return not any(link.busy() for links in (self.h2d, self.d2h, self.nvlink) for link in links)
 
-    def _routes(self, costs, recorder):
-        """The node model. The simulator may run only some ranks in detail (the others are copies of them), so the
-        host-side caps are scaled to the share of GPUs that `simulate(ranks)` says are simulated; until a caller
-        says so, the share of ranks that have transferred so far (a symmetric DP run simulates rank 0 alone)."""
-        v, n = costs.values, self.num_gpus
+    def _routes(self, costs, recorder, caps: dict):
+        """The node model. The simulator may run only some ranks in detail (the others are copies of them), so each
+        shared resource's cap is scaled to the share of its users (the ranks whose transfers cross it) that
+        `simulate(ranks)` says are simulated; until a caller says so, of the ranks that have transferred so far (a
+        symmetric DP run simulates rank 0 alone: it stands for its switch-mates, socket-mates and the rest)."""
+        v, n, topo = costs.values, self.num_gpus, self.topology
         row = costs.model.kv_bytes_per_token_layer
-        self._host_caps = {k: float(v[k]) for k in HOST_CAP_KEYS if v.get(k)}
-        self.fabric = Fabric(self.env, node_caps(costs, n), recorder,
+        self._users = shared_users(costs, n, topo)
+        self._shared = {k: float(c) for k, c in caps.items() if k in self._users}
+        self.fabric = Fabric(self.env, caps, recorder,
                              groups=[(f"h2d{r}", f"d2h{r}", f"nvl{r}") for r in range(n)])
         self._explicit, self._seen = False, set()
-        mk = lambda kind, r, bw, lat: Route(self.fabric, f"gpu{r} pcie {kind}", pcie_route(costs, kind, r, row), bw,
-                                             lat, on_use=lambda r=r: self._saw(r))
+        mk = lambda kind, r, bw, lat: Route(self.fabric, f"gpu{r} pcie {kind}", pcie_route(costs, kind, r, row, topo),
+                                             bw, lat, on_use=lambda r=r: self._saw(r))
         self.h2d = [mk("h2d", r, v["pcie_h2d_bw_bytes_s"], v["pcie_latency_s"]) for r in range(n)]
         self.d2h = [mk("d2h", r, v["pcie_d2h_bw_bytes_s"], v["pcie_latency_s"]) for r in range(n)]
         self.nvlink = [Route(self.fabric, f"gpu{r} nvlink in", {f"nvl{r}": 1.0}, v["nvlink_bw_bytes_s"],
@@ -724,22 +856,24 @@ class Node:
                 link.bytes_total += b
 
     def simulate(self, ranks) -> None:
-        """Tell the node which ranks are simulated in detail; each stands for num_gpus / len(ranks) GPUs, so the
-        host-side caps shrink to that share (all GPUs load the host alike). No-op without a node model."""
+        """Tell the node which ranks are simulated in detail; each stands for the GPUs it is a copy of, so a shared
+        resource's cap shrinks to the share of its users that are simulated (all GPUs load the host alike). No-op
+        without a node model."""
         if self.fabric is None:
             return
         if not self._explicit:
             self._explicit = True
             for link in self.h2d + self.d2h:
                 link.on_use = None  # (`_saw` only counts ranks until now)
-        self._scale(len(set(ranks)))
+        self._scale(set(ranks))
 
     def _saw(self, rank: int) -> None:
         if not self._explicit and rank not in self._seen:
             self._seen.add(rank)
-            self._scale(len(self._seen))
+            self._scale(self._seen)
 
-    def _scale(self, num_ranks: int) -> None:
-        share = max(1, num_ranks) / self.num_gpus
-        for key, cap in self._host_caps.items():
-            self.fabric.set_cap(key, cap * share)
+    def _scale(self, ranks: set) -> None:
+        for key, cap in self._shared.items():
+            users = self._users[key]
+            k = len(users & ranks)
+            self.fabric.set_cap(key, cap * k / len(users) if k else cap)

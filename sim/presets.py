@@ -26,6 +26,16 @@ class HardwareSpec:
     pcie_latency_s: float  # per transfer (cudaMemcpyAsync-class call)
     host_memory_bytes: float  # per node
     kernel_launch_s: float
+    # Node topology (sim/hardware.py `Topology`, sim/COSTS.md "Node topology"): datasheet figures, raw per direction
+    # unless said; GPUs fill the switches, and the switches the sockets, in rank order.
+    num_sockets: int = 2  # CPU sockets; a rank's pinned host KV lives on its own socket's memory by default
+    gpus_per_switch: int = 1  # GPUs behind one PCIe switch (its uplink to the socket is shared by them)
+    pcie_raw_bytes_s: float = 63.0 * GB  # the GPU's host link, raw (Gen5 x16: 32 GT/s x 16 x 128/130 / 8)
+    switch_uplink_raw_bytes_s: float = 63.0 * GB  # a switch's uplink to its socket, raw (Gen5 x16)
+    socket_pcie_raw_bytes_s: float = 315.1 * GB  # a socket's PCIe root complex, raw (its Gen5 lanes x 3.94 GB/s)
+    socket_mem_bw_bytes_s: float = 307.2 * GB  # a socket's DRAM peak, both directions (channels x MT/s x 8 B)
+    inter_socket_bw_bytes_s: float = 128.0 * GB  # socket-to-socket link, each direction (UPI links x GT/s x 2 B)
+    host_kv_remote_fraction: float = 0.0  # share of a rank's host KV placed on the other socket(s) (0 = NUMA-local)
 
 
 @dataclass(frozen=True)
@@ -94,14 +104,29 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         name="h200", num_gpus=8, hbm_bytes=141 * GB, hbm_bw_bytes_s=4.8e12, fp8_flops=1.979e15,
         bf16_flops=0.989e15, nvlink_bw_bytes_s=450 * GB, nvlink_latency_s=3e-6, pcie_bw_bytes_s=55.5 * GB,
         pcie_latency_s=6e-6, host_memory_bytes=2e12, kernel_launch_s=4.1e-6,
+        # DGX H200 (NVIDIA DGX BasePOD RA; MLPerf Inference v4.1 NVIDIA H200-SXM-141GBx8 system description): 2 x
+        # Xeon Platinum 8480C, each GPU a full PCIe Gen5 x16 to the host ("GPU-PCIe 504 GB/s" = 8 x 63 GB/s) through
+        # its own ConnectX-7 (integrated PCIe Gen5 switch, 32 lanes: x16 GPU + x16 host; DGX H100/H200 user guide:
+        # network module 0 -> CPU 0 -> GPUs 0-3, module 1 -> CPU 1 -> GPUs 4-7). Xeon 8480+ (Intel ARK): 80 PCIe 5.0
+        # lanes (315.1 GB/s), 8 x DDR5-4800 (307.2 GB/s), 4 UPI links at 16 GT/s (4 x 32 GB/s each way).
+        num_sockets=2, gpus_per_switch=1, pcie_raw_bytes_s=63.0 * GB, switch_uplink_raw_bytes_s=63.0 * GB,
+        socket_pcie_raw_bytes_s=315.1 * GB, socket_mem_bw_bytes_s=307.2 * GB, inter_socket_bw_bytes_s=128.0 * GB,
     ),
     # B300 (Blackwell Ultra) datasheet-class figures: 288 GB HBM3e, 8 TB/s, FP8 ~4.5 PFLOPS dense, BF16 ~2.25
-    # PFLOPS dense, NVLink 5 1.8 TB/s bidirectional (900 GB/s each way), PCIe Gen6 x16 ~2x Gen5 (we scale the
-    # measured Gen5 figure: 111 GB/s), host memory 2-4 TB per node (2 TB taken, the conservative end).
+    # PFLOPS dense, NVLink 5 1.8 TB/s bidirectional (900 GB/s each way), host memory 2-4 TB per node (2 TB taken,
+    # the conservative end). Host side (issue 26 item 7): the GPU's PCIe Gen6 x16 ends at a ConnectX-8 SuperNIC
+    # (integrated PCIe switch) on the HGX B300 board, one per GPU; its uplink to the x86 host is Gen5 x16: the DGX
+    # B300's Xeon 6 6776P has 88 PCIe 5.0 lanes and 8 x DDR5-6400 (heise, 2025-05), and NVIDIA's own MLPerf
+    # Inference v6.1 "NVIDIA DGX B300" system description lists "PCIe Gen5 x16" host interconnect and "GPU-PCIe
+    # 504 GB/s" (8 x 63 GB/s). So a GPU's host path is Gen5 x16, as on H200: the measured Gen5 55.5 GB/s, not 2x.
+    # Inter-socket: Xeon 6 6700P, 4 UPI 2.0 links at 24 GT/s (4 x 48 GB/s each way; Intel platform figure, not
+    # retrieved from a source in this session).
     "b300": HardwareSpec(
         name="b300", num_gpus=8, hbm_bytes=288 * GB, hbm_bw_bytes_s=8.0e12, fp8_flops=4.5e15,
-        bf16_flops=2.25e15, nvlink_bw_bytes_s=900 * GB, nvlink_latency_s=3e-6, pcie_bw_bytes_s=111 * GB,
+        bf16_flops=2.25e15, nvlink_bw_bytes_s=900 * GB, nvlink_latency_s=3e-6, pcie_bw_bytes_s=55.5 * GB,
         pcie_latency_s=6e-6, host_memory_bytes=2e12, kernel_launch_s=4.1e-6,
+        num_sockets=2, gpus_per_switch=1, pcie_raw_bytes_s=63.0 * GB, switch_uplink_raw_bytes_s=63.0 * GB,
+        socket_pcie_raw_bytes_s=346.6 * GB, socket_mem_bw_bytes_s=409.6 * GB, inter_socket_bw_bytes_s=192.0 * GB,
     ),
 }
 
@@ -154,14 +179,17 @@ def _build(cls, presets: dict, preset: str, overrides: dict, what: str):
         else:
             value = float(value)
         if value < 0 or (value == 0 and key not in ("nvlink_latency_s", "pcie_latency_s", "kernel_launch_s",
-                                                     "attn_weight_bytes", "draft_layers")):
+                                                     "attn_weight_bytes", "draft_layers", "host_kv_remote_fraction")):
             raise ValueError(f"{what}.{key} must be positive, got {value!r}")
         clean[key] = value
     return dataclasses.replace(base, **clean)
 
 
 def build_hardware(preset: str, overrides: dict) -> HardwareSpec:
-    return _build(HardwareSpec, HARDWARE_PRESETS, preset, overrides, "hardware")
+    spec = _build(HardwareSpec, HARDWARE_PRESETS, preset, overrides, "hardware")
+    if spec.host_kv_remote_fraction > 1 or (spec.host_kv_remote_fraction > 0 and spec.num_sockets < 2):
+        raise ValueError("hardware.host_kv_remote_fraction must be in [0, 1], and 0 on one socket")
+    return spec
 
 
 def build_model(preset: str, overrides: dict) -> ModelSpec:

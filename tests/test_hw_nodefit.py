@@ -297,3 +297,33 @@ def test_gather_after_exchange_measurement_control_flow_on_cpu(monkeypatch):
                 assert src in exchanged and np.array_equal(si, exchanged[src][:si.size])
             assert sum(c[2].size for c in after) == sum(c[2].size for c in mine[k - 1:])  # warm: same count
         i = j + len(gathers)
+
+
+def test_two_gpu_fit_reproduces_on_the_topology():
+    """The committed 2-GPU calibration, re-fitted on the measured host's topology (one socket), gives the committed
+    host cap bit for bit, within the committed fit error; the data place that shared cap above the switch level
+    (both GPUs read more than one Gen5 x16 uplink carries); and the h200 preset's topology (4 GPUs a socket) predicts
+    every 2-GPU point exactly as the measured host does (hw validate's predictions are unchanged)."""
+    import yaml
+
+    from hw.calibrate import derive
+    from hw.nodefit import MEASURED_HOST, predict
+    from sim.costs import CostModel
+    from sim.hardware import concurrent_exchange_s, topology_of
+
+    raw = json.loads((ROOT / "hw" / "results" / "calibration.json").read_text())
+    node, _ = derive(raw)
+    committed = yaml.safe_load(CAL.read_text())["costs"]
+    assert node["costs"]["pcie_host_cap_bytes_s"] == committed["pcie_host_cap_bytes_s"]
+    fit = raw["node_fit"]
+    assert fit["median_rel_err"] < 0.06 and fit["max_rel_err"] < 0.1
+    assert fit["shared_level"]["level"] == "socket"
+    assert fit["shared_level"]["max_read_payload_bytes_s"] > fit["shared_level"]["uplink_raw_bytes_s"]
+    cm = CostModel.load("h200", "glm-5")
+    assert topology_of(cm).socket_of(1) == 0 and MEASURED_HOST.num_sockets == 1
+    for p in fit["points"]:
+        mine = concurrent_exchange_s(cm, p["row_bytes"], [p["num_rows"]] * p["num_gpus"],
+                                     [p["num_rows"] if p["op"] == "swap" else 0] * p["num_gpus"])[0]
+        assert mine == pytest.approx(predict(cm.values, p["op"], p["num_gpus"], p["num_rows"], p["row_bytes"]),
+                                     rel=1e-12)
+        assert mine == pytest.approx(p["predicted_s"], rel=1e-12)
