@@ -15,8 +15,8 @@ def snapshot(c: UlaCache):
     """Everything observable that bad input must leave unchanged."""
     addrs = np.flatnonzero(c.space.phys >= 0)
     out = [addrs, c.space.phys.copy(), c.stats(), c.num_free_slots(0), c.num_free_slots(1), c.policy.step]
-    if c._data is not None:
-        out.append(c._data.dense(c.layout().num_places))
+    if c.payload.store is not None:
+        out.append(c.payload.store.dense(c.layout().num_places))
     return out
 
 
@@ -422,7 +422,7 @@ def test_payload_bytes_follow_the_places_written_not_the_budget():
     c.commit(plan)
     assert np.array_equal(c.read(a), data)
     c.check_invariants()
-    assert c._data.nbytes < 64 << 20
+    assert c.payload.store.nbytes < 64 << 20
 
 
 def test_pblru_epoch_clock_past_int16_matches_a_fresh_clock():
@@ -444,9 +444,9 @@ def test_pblru_epoch_clock_past_int16_matches_a_fresh_clock():
 
 
 def test_large_tp_batch_located_by_home_runs():
-    """A TP batch of >= cache._RUN_SHIFT_MIN distinct addresses is located by home runs: the same places as locate
+    """A TP batch of >= translate._RUN_SHIFT_MIN distinct addresses is located by home runs: the same places as locate
     gives, and an address beyond its home row's allocation is refused by name (the smallest one)."""
-    from ulacache.cache import _RUN_SHIFT_MIN
+    from ulacache.translate import _RUN_SHIFT_MIN
     n = 3 * _RUN_SHIFT_MIN
     c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=n, cpu_slots=n, policy="pb-lru"))
     a = c.alloc(1, n)

@@ -17,8 +17,10 @@
 Module map: config (CacheConfig), address_space (logical ids, address -> place table), pools (GPU/CPU pools and
 free lists), bitmaps (PB-LRU buckets), policies/ (pb-lru, lru, hisparse behind one registry), local_buffer +
 slot_map (TP local buffers), plan, layout (the typed place layout, exchange lists and device snapshot executors
-read), cache (the facade), backends/ (array primitives: numpy reference, torch, cupy),
-workload (a synthetic locality workload for tests and benchmarks).
+read), cache (the facade), translate (checked address -> place translation of a batch), payload + payload_io
+(payload bytes and their movement), inspection (locate, stats, device snapshot, invariant check), inputs (argument
+checks), backends/ (array primitives: numpy reference, torch, cupy), workload (a synthetic locality workload for
+tests and benchmarks).
 """
 from .cache import UlaCache
 from .config import CacheConfig

@@ -124,6 +124,19 @@ class Exchanges:
         return cls(bool(swap), *(_ro(np.asarray(a, dtype=np.int64)) for a in arrays))
 
 
+def plan_exchanges(policy, buffers, plan) -> Exchanges:
+    """A plan's `Exchanges` from its policy's and TP local buffers' private state (`Plan.exchanges` calls it, bound
+    to the cache's policy and buffers by functools.partial: picklable, and no plan -> plan reference cycle)."""
+    ps, bs = plan.policy_state, plan.buffer_state
+    if not policy.exclusive:  # hisparse: copies into request buffers, victims' copies dropped
+        return Exchanges.of(False, ps.miss_addrs, plan.move_src, ps.miss_slots, ps.victims, np.zeros(0, np.int64))
+    peer = None
+    if bs is not None:
+        n = bs.miss_addrs.size
+        peer = (bs.miss_addrs, bs.miss_rank, plan.move_src[plan.move_src.size - n:], buffers.base + bs.dests)
+    return Exchanges.of(True, ps.miss_addrs, ps.miss_src, ps.dests, ps.victims, ps.hit_places, peer)
+
+
 @dataclass(frozen=True)
 class DeviceState:
     """Dense, read-only copies of what a device twin of pb-lru/lru mirrors, in the full place layout (so these are
@@ -152,4 +165,4 @@ class DeviceState:
     epoch_volume: int = 0
 
 
-__all__ = ["DeviceState", "Exchanges", "PlaceLayout"]
+__all__ = ["DeviceState", "Exchanges", "PlaceLayout", "plan_exchanges"]
