@@ -323,7 +323,7 @@ class StampLog:
         later batches are dead in it; `append` drops them when a batch is logged again at its stamp). Per rank the
         candidates are the row's nonzero cells: slot + 1 - 1 as unsigned wraps the empty ones to the top, so a
         partition of the whole row (then a sort of the t taken) finds the t smallest without gathering them."""
-        R, seg = self.pool.R, self.pool.seg
+        R = self.pool.R
         need = np.asarray(need, dtype=np.int64).copy()
         mine: list[list[np.ndarray]] = [[] for _ in range(R)]  # per rank: slots taken, per batch read
         found, taken = np.zeros(R, dtype=np.int64), []
@@ -333,43 +333,15 @@ class StampLog:
             if not np.logical_and(self.left[k] > 0, need > 0).any():  # nothing here for the ranks that need
                 k += 1
                 continue
-            ix, rows = self.batches[k], self.rows[k] if dense else None
-            live = self.last.take(ix) == self.stamps[k]
-            if not live.all():
-                ix = ix[live]
-                if rows is not None:
-                    rows = rows[live]
-            a = None if dense else self.space.rows.ids(ix)
-            if dense:
-                if rows is None:
-                    rows = maps.rows(ix)
-                held = np.ascontiguousarray(maps.cells(rows).T)  # (R, live addresses) slot + 1, 0: no copy
-            else:
-                held = maps.rank_major(a, ix)
-            n = ix.size
+            ix, rows, a, held = self._read_batch(k, maps, dense)
             mask = held != 0  # (nonzero of a bool array is ~5x faster than of int32)
             have = _row_counts(mask)
             take = np.minimum(have, need)
             sel = np.flatnonzero(take)
+            keep, lim = mask, None
             if sel.size:
                 self.front[sel] = self.stamps[k]
-                # per rank the take[r] smallest slots, in order (empty cells wrap to the top); 16 bits: the stable
-                # sort is a radix sort, O(n): ~8x faster than partition + quicksort; lim[r]: the largest taken slot + 1
-                # (held's dtype: comparing it with int64 casts every cell)
-                slots = held.view(_UNSIGNED[held.dtype.itemsize]) - 1
-                lim = np.zeros(R, dtype=held.dtype)
-                radix = held.dtype.itemsize <= 2
-                every = np.iinfo(held.dtype).max  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
-                for r in sel.tolist():  # loop over ranks
-                    t = int(take[r])
-                    x = slots[r]
-                    if radix:
-                        got = np.sort(x, kind="stable")[:t]
-                    else:
-                        got = np.partition(x, t - 1)[:t] if t < n else x.copy()
-                        got.sort()
-                    lim[r] = int(got[t - 1]) + 1 if t < have[r] else every
-                    mine[r].append(got)
+                lim = _take_smallest(held, take, have, sel, mine)
                 found += take
                 need -= take
                 if dense:
@@ -378,29 +350,43 @@ class StampLog:
                 else:
                     taken.append(maps.drop(ix, a, held, held * (held > lim[:, None])))
                 keep = None
-            else:
-                keep = mask
-            left = have - take
-            if left.any():
-                if keep is None:
-                    keep = held > lim[:, None]  # copies not taken (held ones only: lim >= 0)
-                anyh = keep.any(axis=0)  # addresses no rank holds once this plan commits are no candidates again
-                if not anyh.all():
-                    ix = ix[anyh]
-                    if dense:
-                        rows = rows[anyh]
-                self.size += ix.size - self.batches[k].size
-                self.batches[k], self.left[k], self.rows[k] = ix, left, rows if dense else None
-                k += 1
-            else:
-                self.size -= self.batches[k].size
-                del self.stamps[k], self.batches[k], self.left[k], self.rows[k]
-        out, e = np.empty(int(found.sum()), dtype=np.int64), 0  # rank r's slot s is buffer-local place r * seg + s
-        for r, parts in enumerate(mine):  # loop over ranks
-            for got in parts:  # loop over the batches read
-                np.add(got, r * seg, out=out[e:e + got.size], dtype=np.int64)
-                e += got.size
-        return out, found, taken
+            k = self._keep_left(k, ix, rows if dense else None, held, keep, lim, have - take)
+        return _buffer_places(mine, found, self.pool.seg), found, taken
+
+    def _read_batch(self, k: int, maps, dense: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                                                                np.ndarray]:
+        """`select`'s view of logged batch k: (its live storage positions, their map rows (dense maps), their
+        addresses (hash maps), held (R, live addresses) slot + 1 per rank, 0: no copy)."""
+        ix, rows = self.batches[k], self.rows[k] if dense else None
+        live = self.last.take(ix) == self.stamps[k]
+        if not live.all():
+            ix = ix[live]
+            if rows is not None:
+                rows = rows[live]
+        if not dense:
+            a = self.space.rows.ids(ix)
+            return ix, None, a, maps.rank_major(a, ix)
+        if rows is None:
+            rows = maps.rows(ix)
+        return ix, rows, None, np.ascontiguousarray(maps.cells(rows).T)
+
+    def _keep_left(self, k: int, ix: np.ndarray, rows, held: np.ndarray, keep, lim, left: np.ndarray) -> int:
+        """After `select` took from batch k: keep its addresses some rank still holds (`keep`: which, or None to
+        derive from the taken slots' bound `lim`) with `left` candidates per rank, or drop it. The next k."""
+        if not left.any():
+            self.size -= self.batches[k].size
+            del self.stamps[k], self.batches[k], self.left[k], self.rows[k]
+            return k
+        if keep is None:
+            keep = held > lim[:, None]  # copies not taken (held ones only: lim >= 0)
+        anyh = keep.any(axis=0)  # addresses no rank holds once this plan commits are no candidates again
+        if not anyh.all():
+            ix = ix[anyh]
+            if rows is not None:
+                rows = rows[anyh]
+        self.size += ix.size - self.batches[k].size
+        self.batches[k], self.left[k], self.rows[k] = ix, left, rows
+        return k + 1
 
     def check(self, require, ix: np.ndarray, maps=None) -> None:
         """Every held address (storage positions `ix`) is in the logged batch of its last stamp; the rows a batch
@@ -416,6 +402,39 @@ class StampLog:
                 live = self.last.take(a) == s
                 require(rows.size == a.size and np.array_equal(maps.cells(rows[live]), maps.cells(maps.rows(a[live]))),
                         "a logged batch's rows disagree with the maps")
+
+
+def _take_smallest(held: np.ndarray, take: np.ndarray, have: np.ndarray, sel: np.ndarray, mine: list) -> np.ndarray:
+    """Per rank r in `sel` the take[r] smallest slots of held[r] (slot + 1, 0 = empty), in order, appended to mine[r];
+    returns lim: per rank the largest taken slot + 1 (held's dtype: comparing it with int64 casts every cell), or the
+    dtype's top when the rank took every copy it had. Empty cells wrap to the top as unsigned slot + 1 - 1. 16 bits:
+    the stable sort is a radix sort, O(n): ~8x faster than partition + quicksort."""
+    R, n = held.shape
+    slots = held.view(_UNSIGNED[held.dtype.itemsize]) - 1
+    lim = np.zeros(R, dtype=held.dtype)
+    radix = held.dtype.itemsize <= 2
+    every = np.iinfo(held.dtype).max  # slot + 1 <= the buffer's slots < every (slot_map._dense_dtype)
+    for r in sel.tolist():  # loop over ranks
+        t = int(take[r])
+        x = slots[r]
+        if radix:
+            got = np.sort(x, kind="stable")[:t]
+        else:
+            got = np.partition(x, t - 1)[:t] if t < n else x.copy()
+            got.sort()
+        lim[r] = int(got[t - 1]) + 1 if t < have[r] else every
+        mine[r].append(got)
+    return lim
+
+
+def _buffer_places(mine: list, found: np.ndarray, seg: int) -> np.ndarray:
+    """The slots taken per rank, per batch read, as buffer-local places (rank r's slot s is r * seg + s), int64."""
+    out, e = np.empty(int(found.sum()), dtype=np.int64), 0
+    for r, parts in enumerate(mine):  # loop over ranks
+        for got in parts:  # loop over the batches read
+            np.add(got, r * seg, out=out[e:e + got.size], dtype=np.int64)
+            e += got.size
+    return out
 
 
 def _row_counts(mask: np.ndarray) -> np.ndarray:
