@@ -5,7 +5,7 @@ child's own (os.wait4 rusage, ru_maxrss), beside the estimate the replay made be
 parts. The estimate must never fall below the peak (ratio estimate / measured >= 1: a replay that does not fit would
 start and be killed) and should be as close to 1 as the mechanism allows (a loose estimate refuses runs that fit).
 Grid (peak memory is reached at admission, so most runs stop after `workload.max_steps` decode steps):
-- pinned:  the DESIGN §8 keys, 24 requests at concurrency 24, every system x attention x preset (16 steps: the
+- pinned:  the pinned keys (docs/architecture.md), 24 requests at concurrency 24, every system x attention x preset (16 steps: the
            pilot of every indexer group and the switch to the simulated groups);
 - full:    two pinned runs to completion (the peak of a whole run, not just of its admission);
 - batch1:  4 requests at concurrency 1 with 4 draft tokens, hisparse / ulacache x dp / tp, to completion;

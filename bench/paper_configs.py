@@ -2,7 +2,7 @@
 concurrency, for one checkout of the simulator ("before" = an older tree via --tree, "after" = this one).
 
 Grid: hardware h200|b300 x attention dp|tp x spec on (draft_tokens 4) / off (0), for sglang, hisparse, ulacache,
-at concurrency caps 1/16/64/256. Every config holds the DESIGN §8 pinned keys only (glm-5, 8 GPUs, pb-lru, CPU
+at concurrency caps 1/16/64/256. Every config holds the pinned keys (docs/architecture.md) only (glm-5, 8 GPUs, pb-lru, CPU
 storage, seed 11) plus `workload.max_steps` (a time bound, stated in the output):
 - cap 1:   1 request, run to completion (batch-1 TPOT = that request's `tpot_ms_mean`);
 - cap C>1: `--requests-per-cap` x C requests (so requests wait and each finished one is refilled at once), the run
@@ -72,7 +72,7 @@ def run_key(hw: str, att: str, draft: int, system: str, cap: int) -> str:
 
 def config_of(hw: str, att: str, draft: int, system: str, cap: int, requests_per_cap: int,
               steps_on: int, steps_off: int, model: str = "glm-5") -> dict:
-    """Pinned keys only (DESIGN §8), plus the step bound."""
+    """Pinned keys only (docs/architecture.md), plus the step bound."""
     wl = {"num_requests": 1 if cap == 1 else requests_per_cap * cap, "max_concurrency": cap, "seed": SEED,
           "max_steps": 0 if cap == 1 else (steps_on if draft else steps_off)}
     return {"system": system, "attention": att, "hardware": {"preset": hw, "num_gpus": 8},

@@ -3,7 +3,7 @@
 Workload (issue 2): 256 requests x 4 query tokens x 2048 selections. Each request's 4 query tokens draw their 2048
 positions from a per-request candidate set of 3600 history positions, so about half the references are duplicates
 (the union of speculative query tokens). A warm-up batch (untimed) fills the GPU pool; the timed batch keeps 44% of
-each request's candidates (the measured step-to-step overlap of DeepSeek-V3.2, DESIGN §7) and draws the rest anew.
+each request's candidates (the measured step-to-step overlap of DeepSeek-V3.2, docs/architecture.md) and draws the rest anew.
 Timed: `access` (dedup -> translate -> hits -> recency -> replacement -> plan) and `access + commit`, numpy backend,
 one thread, medians over fresh caches. Also measured: the pb-lru vs exact-lru hit-rate gap on locality-rich
 multi-step workloads (ulacache.workload.LocalityWorkload).

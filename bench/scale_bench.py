@@ -6,7 +6,7 @@ not the run's. `peak_gb` is the most of: that main-process peak and the process 
 set size: a page shared by n processes counts 1/n in each), sampled every 0.2 s; `peak_rss_sum_gb` is the replay's
 own `peak_rss_bytes` (its peak RSS plus each group worker's largest sample of its private pages). The 2 GB target is
 judged on `peak_gb`.
-- pinned:     the DESIGN §8 keys only (glm-5, pb-lru, CPU storage, no draft tokens, 24 requests at concurrency 24,
+- pinned:     the pinned keys (docs/architecture.md) only (glm-5, pb-lru, CPU storage, no draft tokens, 24 requests at concurrency 24,
               seed 1) for every system x attention x hardware preset. Target <= 2 GB and <= 30 s each.
 - batch1:     4 requests at max_concurrency 1, every system x attention, draft tokens 0 and 4 (h200 and b300).
               Target <= 10 s each.

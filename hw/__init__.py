@@ -1,4 +1,4 @@
-"""hw: the real-hardware validator (DESIGN §6). Runs the library's policy kernels and real KV transfers on GPUs,
+"""hw: the real-hardware validator (docs/architecture.md). Runs the library's policy kernels and real KV transfers on GPUs,
 calibrates the simulator's cost model and checks its predictions.
 
 Commands (`ulacache hw ...`, or `python -m hw ...` on a device host): `bench` (bench.py), `calibrate`

@@ -1,7 +1,7 @@
 """HiSparse's per-layer swap-in on the GPU (hw/hisparse.cu, shaped like SGLang's `load_cache_to_device_buffer`),
 its numpy reference, and the timing that calibrates the simulator's HiSparse transfer model.
 
-State per request b (DESIGN §1): `buf_tok[b, slot]` token held by each of the H LRU slots (-1 = empty) plus slot H
+State per request b (docs/architecture.md): `buf_tok[b, slot]` token held by each of the H LRU slots (-1 = empty) plus slot H
 for the newest token; `lru[b]` the slot order, least recent first; `dev_locs[b, slot]` the device-buffer row of a
 slot; `host_locs[b, token]` the pinned-host row of a token. `swapin_reference` is the oracle the kernel must equal
 bit for bit (state, output slots, miss counts and the copied bytes).
@@ -85,7 +85,7 @@ def swapin_reference(st: SwapState, topk: np.ndarray, host_rows: np.ndarray | No
 
 
 class TopkStream:
-    """Per request a top-k set of distinct positions that keeps a fraction `keep` of itself each step (DESIGN §7:
+    """Per request a top-k set of distinct positions that keeps a fraction `keep` of itself each step (docs/architecture.md:
     ~44% exact overlap between consecutive steps' top-2048 in layers 20-60); the rest is drawn fresh."""
 
     def __init__(self, seq_lens, top_k: int, keep: float, seed: int = 0):

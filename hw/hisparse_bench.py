@@ -2,7 +2,7 @@
 several batch sizes (one block per request) with a stated selection locality; derive the simulator's HiSparse keys.
 
 Per batch B: B requests of `history` tokens (> the device buffer, so every request takes the LRU path), a device
-buffer of `buffer_slots` per request, top-k selections that keep `keep` of themselves per step (DESIGN §7: ~44%
+buffer of `buffer_slots` per request, top-k selections that keep `keep` of themselves per step (docs/architecture.md: ~44%
 between consecutive steps in layers 20-60). After warm-up steps fill the buffers, each timed step runs twice from the
 same state: with IO skipped (hash + LRU only: SGLang's `skip_io` probe) and in full. effective_gbps = missed-row
 bytes / full time; copy efficiency = missed-row bytes / (full - skip_io time) / the pinned H2D copy ceiling.

@@ -8,7 +8,7 @@ from pathlib import Path
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "replay", help="simulate one system (sglang | hisparse | ulacache) on a workload, write metrics.json",
-        description="Replay a workload on a modelled node. CONFIG is a YAML of DESIGN §8 keys (see configs/); "
+        description="Replay a workload on a modelled node. CONFIG is a YAML of config keys (docs/config.md; see configs/); "
         "--set overrides any dotted key. Writes OUT/metrics.json, OUT/config.yaml and OUT/timeline.parquet.")
     p.add_argument("config", type=Path, help="replay config YAML")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

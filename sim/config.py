@@ -1,6 +1,6 @@
 """Replay configs: YAML (+ `--set dotted.key=value` overrides) -> a resolved dict -> a frozen `SimConfig`.
 
-Every key has a default (so a config of only the DESIGN §8 keys runs); unknown keys and wrong types are rejected
+Every key has a default (so a config of only the pinned keys (docs/architecture.md) runs); unknown keys and wrong types are rejected
 with a one-line `ValueError` naming the key. `hardware.*` / `model.*` take a `preset` plus any preset field.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ SCHEMA: dict[str, Any] = {
         "policy_groups": (2, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
         # share of requests whose selections run through the policy; None = auto: 1/k with k = num_requests // 16
         # clamped to [1, 16] (~16+ simulated requests; the paper configs' 1/16 at 256 requests), so a config of only
-        # the DESIGN §8 keys stays within minutes and a few GB. Set 1.0 for a full run.
+        # the pinned keys (docs/architecture.md) stays within minutes and a few GB. Set 1.0 for a full run.
         "request_fraction": (None, "opt_float"),
         "step_stride": (1, "int"),  # run the policy every Nth step; steps between reuse the last ratios
         "pilot_steps": (8, "int"),  # policy steps on all groups before stratifying (0 = stratify up front)

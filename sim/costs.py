@@ -184,7 +184,7 @@ class CostModel:
     def hisparse_swapin_efficiency(self, batch: float) -> float:
         """Share of the PCIe H2D ceiling HiSparse's swap-in kernel reaches with `batch` requests (one thread block,
         30 warps, per request copy missed rows straight from pinned host memory): the calibration's per-batch table
-        (hw: SGLang-shaped kernel), else the scalar fallback (the naive zero-copy gather, DESIGN §7)."""
+        (hw: SGLang-shaped kernel), else the scalar fallback (the naive zero-copy gather, docs/architecture.md)."""
         key = ("hisparse_swapin", batch)
         eff = self._lookups.get(key)
         if eff is None:

@@ -23,7 +23,7 @@ from sim.timing import PARTS, GroupOrder, GroupWork, StepTimer
 
 def accept_distribution(spec) -> np.ndarray:
     """P(accepted = 1..q): explicit `accept_probs`, else 1 + Binomial(q - 1, p) with mean `accept_mean`
-    (default 1 + 2/3 (q - 1): 3.0 for the recipes' 4 verify tokens, DESIGN §7's 2.2-3.5 range)."""
+    (default 1 + 2/3 (q - 1): 3.0 for the recipes' 4 verify tokens, docs/architecture.md's 2.2-3.5 range)."""
     q = max(1, spec.draft_tokens)
     if spec.accept_probs is not None:
         return np.asarray(spec.accept_probs, dtype=float)

@@ -1,4 +1,4 @@
-"""Hardware and model presets (DESIGN §7). Every field can be overridden from a config's `hardware.*` / `model.*`.
+"""Hardware and model presets (docs/architecture.md). Every field can be overridden from a config's `hardware.*` / `model.*`.
 
 Sources are given per field; `sim/COSTS.md` repeats them with the cost-model defaults.
 """
@@ -98,7 +98,7 @@ class ModelSpec:
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, FP8 1,979 TFLOPS dense, BF16 989 TFLOPS dense, NVLink 900 GB/s
-    # bidirectional (450 GB/s each way). PCIe Gen5 x16: 64 GB/s each way; measured pinned H2D 55.5 GB/s (DESIGN §7),
+    # bidirectional (450 GB/s each way). PCIe Gen5 x16: 64 GB/s each way; measured pinned H2D 55.5 GB/s (docs/architecture.md),
     # which is the bandwidth we model. Launch 4.1 us measured; memcpyAsync 5-7 us per call.
     "h200": HardwareSpec(
         name="h200", num_gpus=8, hbm_bytes=141 * GB, hbm_bw_bytes_s=4.8e12, fp8_flops=1.979e15,

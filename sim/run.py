@@ -90,7 +90,7 @@ def steady_window(timeline: list[dict], first_finish_step: int | None) -> np.nda
 
 
 def throughput_and_tpot(engine: Engine) -> dict:
-    """Steady-state decode throughput and TPOT (DESIGN §8), the whole-run average beside them.
+    """Steady-state decode throughput and TPOT (docs/architecture.md), the whole-run average beside them.
 
     TPOT in the window: a step of `step_s` gives each running request its accepted tokens, so its time per output
     token is step_s x batch / tokens; percentiles over the window's steps, each weighted by its batch. Without a

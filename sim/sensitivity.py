@@ -89,7 +89,7 @@ ASSUMED: tuple[Constant, ...] = (
     Constant("model.attn_weight_bytes", "attention + indexer weights (estimate from the projections)",
              capacity=True),
     Constant("model.routed_weight_fraction", "share of weights in routed experts (0.95)", 0.0, 1.0),
-    Constant("spec.accept_mean", "mean accepted tokens per verify step (3.0 of DESIGN §7's 2.2-3.5)", 1.0,
+    Constant("spec.accept_mean", "mean accepted tokens per verify step (3.0 of docs/architecture.md's 2.2-3.5)", 1.0,
              applies=_spec),
 )
 

@@ -1,4 +1,4 @@
-"""PB-LRU's hit rate stays within 0.1 points of exact LRU (DESIGN §3) on locality-rich random workloads with the
+"""PB-LRU's hit rate stays within 0.1 points of exact LRU (docs/architecture.md) on locality-rich random workloads with the
 default buckets (bench/policy_bench.py records the gaps measured)."""
 import numpy as np
 import pytest

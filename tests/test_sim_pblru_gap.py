@@ -1,4 +1,4 @@
-"""PB-LRU vs exact LRU inside the simulator (issue 11 item 7): DESIGN §3 wants them within a tenth of a point.
+"""PB-LRU vs exact LRU inside the simulator (issue 11 item 7): docs/architecture.md wants them within a tenth of a point.
 
 The cause of the old gap, reproduced on this cheap config (1 request of ~100K tokens over a 45,634-slot GPU pool, the
 per-rank pool of the issue's config at its 1/8 request sample, 4 verify tokens, 300 steps): the buckets rotated once

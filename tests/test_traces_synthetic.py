@@ -1,4 +1,4 @@
-"""Synthetic selections: purity (order/batch independence), ranges, padding, and DESIGN §7 statistics."""
+"""Synthetic selections: purity (order/batch independence), ranges, padding, and docs/architecture.md statistics."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

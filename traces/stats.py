@@ -1,6 +1,6 @@
 """Statistics of selection traces: set overlaps step to step, between query tokens and between adjacent groups.
 
-Overlap of two top-k sets = |A ∩ B| / |A| (the fraction of A's positions that B selects again), as in DESIGN §7
+Overlap of two top-k sets = |A ∩ B| / |A| (the fraction of A's positions that B selects again), as in docs/architecture.md
 ("exact top-2048 set overlap between consecutive steps").
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ def set_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def group_roles(num_groups: int, num_early: int = 2, deep_start_frac: float = 0.33) -> tuple[list[int], list[int]]:
-    """(early groups, deep groups) as DESIGN §7 reports them: the first two layers; layers from ~1/3 depth on."""
+    """(early groups, deep groups) as docs/architecture.md reports them: the first two layers; layers from ~1/3 depth on."""
     n_early = min(num_early, max(num_groups - 1, 0))
     g_deep = max(n_early, math.ceil(deep_start_frac * num_groups))
     return list(range(n_early)), list(range(g_deep, num_groups))

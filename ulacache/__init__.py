@@ -1,4 +1,4 @@
-"""UlaCache policy library: one logical address space over GPU and CPU KV pools (DESIGN §2-§5, §8).
+"""UlaCache policy library: one logical address space over GPU and CPU KV pools (docs/architecture.md).
 
     from ulacache import UlaCache, CacheConfig, CapacityError, Plan
 

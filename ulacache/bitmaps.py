@@ -4,7 +4,7 @@ The buckets age by epochs, not by calls: `epoch` is the bucket clock, and a GPU 
 stamp) is in ring row e % (K + 1) while its age (epoch - e) is <= K, and in the cold bitmap after that. `rotate()`
 opens the next epoch: the ring row that is about to hold it still holds epoch - K - 1, which just turned cold, so it
 is OR-ed into the cold bitmap and cleared. When an epoch ends is the policy's rule (policies/pblru.py). Eviction
-order (DESIGN §3): cold, then recent buckets oldest -> newest; age 0 (the current bucket) is never a candidate.
+order (docs/architecture.md): cold, then recent buckets oldest -> newest; age 0 (the current bucket) is never a candidate.
 
 The bitmaps cover the GPU pool's storage (pools.Pool: rows per rank, grown with the slots in use) and keep their
 summaries (one flag per 64-slot word: the hierarchical summary) current as they are written, so a candidate search

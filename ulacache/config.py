@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("dp", "tp")
-DEFAULT_ROW_BYTES = 656  # FP8 MLA KV of one token in one layer (DESIGN §7)
+DEFAULT_ROW_BYTES = 656  # FP8 MLA KV of one token in one layer (docs/architecture.md)
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Sizes are token slots of one layer group, per rank. See DESIGN §8.
+    """Sizes are token slots of one layer group, per rank. See docs/architecture.md (Interfaces) and docs/config.md.
 
     mode: "dp" (rank-local address spaces) or "tp" (homes spread over the ranks, per-rank local buffers).
     cpu_slots: 0 = no CPU tier. payload_bytes: 0 = no bytes stored (policy only); payload_layers: layers of the

@@ -1,4 +1,4 @@
-"""TP local buffers: per-rank GPU buffers of selected-KV copies, reused across access batches (DESIGN §2).
+"""TP local buffers: per-rank GPU buffers of selected-KV copies, reused across access batches (docs/architecture.md).
 
 Every rank executes every access batch and needs all its selected entries. Entries homed on the rank are read from
 its own GPU pool; the others are looked up in the rank's buffer (a hit: `num_local_hits`) and the misses are fetched

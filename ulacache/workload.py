@@ -1,7 +1,7 @@
 """A small synthetic selection workload with locality, for the library's tests and benchmark (not a trace format).
 
 Each request keeps a candidate set of history positions. Every step a fraction `keep` of the set carries over (the
-step-to-step top-k overlap, ~44% measured on DeepSeek-V3.2, DESIGN §7); the rest is redrawn, with probability
+step-to-step top-k overlap, ~44% measured on DeepSeek-V3.2, docs/architecture.md); the rest is redrawn, with probability
 `hot` from a per-request hot set (positions selected again and again, e.g. attention sinks and key facts) and
 otherwise uniformly from the history. Each of `num_query` query tokens selects `top_k` positions of the candidate
 set, so their union has duplicates like speculative verify tokens. Deterministic given the seed.

@@ -10,7 +10,7 @@ Model (what a drifting query scored against clustered keys looks like from the c
   * **recurring** (a key cluster): 2..6 salient keys; each step the query picks one of them at random, so the
     position recurs often but not every step (the cluster's keys drift too).
   * **fresh** (noise): any position of the stratum, drawn anew each step.
-  The mixture weights are solved per group from the target step-to-step overlap (DESIGN §7: ~44% in deep groups,
+  The mixture weights are solved per group from the target step-to-step overlap (docs/architecture.md: ~44% in deep groups,
   spread 35-50%; ~1.5% in the first two, below the ~3% of random sets: there, fresh picks alternate position
   parity from step to step, a positional/RoPE-like pattern that makes consecutive sets nearly disjoint).
 - **Adjacent groups** share each stratum's whole random process unless a band boundary (every `band_groups` groups,

@@ -2,7 +2,7 @@
 
 Rows are token KV rows of one layer (656 B FP8 MLA, 1152 B BF16, ...), moved as 16-B vectors. Three movers:
 `exchange_rows` swaps scattered rows between a mapped pinned host pool and a GPU pool (the incoming row goes to its
-GPU slot, the victim goes out to the host slot the incoming row vacated, DESIGN §4); `gather_rows` copies scattered
+GPU slot, the victim goes out to the host slot the incoming row vacated, docs/architecture.md); `gather_rows` copies scattered
 rows between any two UVA pointers (peer GPU -> local buffer over NVLink, host -> GPU, GPU -> host). cupy is imported
 only inside functions, so this module imports on CPU-only hosts.
 """

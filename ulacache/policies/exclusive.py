@@ -2,7 +2,7 @@
 
 Capacity per rank is gpu_slots + cpu_slots. New tokens go GPU-first. An access batch's misses are promoted into
 replacement GPU slots chosen by the subclass (`_select`); a slot's victim moves to the CPU slot the incoming entry
-vacates (a swap, DESIGN §4). The mapping and the owners change only at `commit`; the replacement slots are
+vacates (a swap, docs/architecture.md). The mapping and the owners change only at `commit`; the replacement slots are
 claimed (free bitmap, recency buckets) when the plan is made, so a pending plan must be committed (the facade refuses
 anything else meanwhile). Pool storage grows with the slots in use (pools.Pool); `gidx` names storage positions.
 """

@@ -1,4 +1,4 @@
-"""HiSparse as SGLang implements it (DESIGN §1): per-request device buffers over a full CPU copy of the history.
+"""HiSparse as SGLang implements it (docs/architecture.md): per-request device buffers over a full CPU copy of the history.
 
 Every token lives in the CPU pool (its place in the mapping). Each running request owns a GPU region of
 `device_buffer_slots + 1` slots: an LRU buffer of D = device_buffer_slots token slots plus one slot for the newest

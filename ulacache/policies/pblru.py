@@ -1,4 +1,4 @@
-"""PB-LRU (DESIGN §3): bucketed LRU over the shared GPU pool with membership bitmaps and summary-guided search.
+"""PB-LRU (docs/architecture.md): bucketed LRU over the shared GPU pool with membership bitmaps and summary-guided search.
 
 Replacement order per rank: free slots, the cold bucket, then recent buckets oldest -> newest, lowest slot first
 inside each bitmap. Hits, the slots the misses take and newly allocated slots join the current bucket, which is
