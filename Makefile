@@ -29,7 +29,7 @@ test-gpu: $(STAMP)  ## run only the GPU-marked tests (on a CUDA host)
 	$(BIN)/python -m pytest -m gpu
 
 # The maintained benchmark suite (docs/performance.md shows their results): each writes one JSON under bench/results/. `make bench` runs the
-# CPU benchmarks (about half an hour on 2 cores); `make bench BENCH="policy trace"` runs some of them.
+# CPU benchmarks (longer than the demo: several replay grids); `make bench BENCH="policy trace"` runs some of them.
 BENCH ?= policy pool_scale dedup trace sim sweep footprint pblru scale
 bench: $(STAMP)  ## run the CPU benchmarks (BENCH="policy ..." for some), JSON under bench/results/
 	@for b in $(BENCH); do case $$b in \
