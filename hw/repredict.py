@@ -31,6 +31,55 @@ def _summary(steps: list[dict], key: str) -> dict:
             "median_signed": float(np.median(errs)), "max_abs": float(np.abs(errs).max()), "steps": int(errs.size)}
 
 
+def _count(step: dict, key: str, where: str) -> int:
+    v = step.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{where}: {key} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def check_run(run: dict, where: str) -> None:
+    """The fields `repredict` reads, checked first: a stored run with `measured_s: 0`, a missing or negative
+    count or a non-numeric row list is one line naming the step and the key, not a ZeroDivisionError."""
+    for key in ("row_bytes", "ranks"):
+        v = run.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{where}: {key} must be an integer >= 1, got {v!r}")
+    if not isinstance(run.get("per_step"), list):
+        raise ValueError(f"{where}: per_step must be a list of steps")
+    for i, s in enumerate(run["per_step"]):
+        at = f"{where}: per_step[{i}]"
+        if not isinstance(s, dict):
+            raise ValueError(f"{at}: not an object")
+        if s.get("warmup") or "measured_s" not in s:
+            continue
+        for key in ("measured_s", "predicted_s", "rel_err"):
+            v = s.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+                raise ValueError(f"{at}: {key} must be a finite number, got {v!r}")
+        if s["measured_s"] <= 0:
+            raise ValueError(f"{at}: measured_s must be > 0 seconds (the errors are relative to it), "
+                             f"got {s['measured_s']!r}")
+        for key in ("num_refs", "num_unique", "num_misses"):
+            _count(s, key, at)
+        rows = s.get("rows_per_rank")
+        if not isinstance(rows, dict):
+            raise ValueError(f"{at}: rows_per_rank must be an object of h2d, d2h, peer lists")
+        for key in ("h2d", "d2h", "peer"):
+            v = rows.get(key)
+            if not isinstance(v, list) or len(v) != run["ranks"] or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in _flat(v)):
+                raise ValueError(f"{at}: rows_per_rank.{key} must list {run['ranks']} rank(s) of row counts >= 0")
+
+
+def _flat(v):
+    for x in v:
+        if isinstance(x, list):
+            yield from _flat(x)
+        else:
+            yield x
+
+
 def repredict(run: dict, costs, node=None) -> dict:
     """Per timed step of a stored validation run: the stored and the re-predicted time and error; summaries."""
     from hw.validate import predict_parts
@@ -66,23 +115,25 @@ def parse_cost_overrides(items: list[str]) -> dict:
             out[key.strip()] = float(value)
         except ValueError:
             raise ValueError(f"--cost {item!r}: expected KEY=NUMBER") from None
+        from sim.calibration import check_cost_value
+
+        check_cost_value(key.strip(), out[key.strip()], "--cost")
     return out
 
 
 def main(args) -> int:
+    from hw.measurements import read_measurement_json
     from hw.validate import NODE_KEYS, load_costs
 
     calib = Path(args.calibration) if args.calibration else None
     if calib is not None and not calib.is_file():
         raise OSError(f"calibration file not found: {calib}")
-    if args.out and any(Path(args.out).resolve() == Path(p).resolve() for p in args.from_json):
-        raise ValueError(f"--out {args.out} is one of the runs to re-predict: it would be overwritten")
     overrides = parse_cost_overrides(getattr(args, "cost", None))
     derived = None
     if getattr(args, "after_exchange_from", ""):  # sensitivity: the key from another run's gather timings
         from hw.nodefit import AFTER_EXCHANGE_KEY, after_exchange_from_parts
 
-        diag = json.loads(Path(args.after_exchange_from).read_text())
+        diag = read_measurement_json(args.after_exchange_from, "--after-exchange-from")
         derived = after_exchange_from_parts(diag, load_costs(calib)[0])
         derived.update({"from": str(args.after_exchange_from), "run_date": diag.get("date"),
                         "run_command": diag.get("command")})
@@ -92,12 +143,10 @@ def main(args) -> int:
     costs, node = load_costs(calib, overrides)
     runs = {}
     for path in args.from_json:
-        try:
-            run = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not a readable hw validate JSON ({exc.__class__.__name__})") from None
-        if not isinstance(run, dict) or "per_step" not in run:
+        run = read_measurement_json(path, "--from-json")
+        if "per_step" not in run:
             raise ValueError(f"{path}: not a hw validate JSON (no per_step)")
+        check_run(run, str(path))
         res = repredict(run, costs, node)
         res.update({"run_date": run.get("date"), "run_command": run.get("command"),
                     "device": (run.get("device") or {}).get("gpu"), "mode": run.get("mode"), "ranks": run["ranks"],

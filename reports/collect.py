@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -104,6 +105,9 @@ def _replay_row(metrics_path: Path) -> dict:
     return row
 
 
+MANIFEST_SUFFIX = ".ulacache-manifest.json"  # the manifests beside outputs (traces.atomic): not result files
+
+
 def _in_temporary(rel: Path) -> bool:
     """A path inside a hidden `.NAME.tmp-*` / `.NAME.old-*` dir: an output being written or replaced."""
     return any(part.startswith(".") and (".tmp-" in part or ".old-" in part) for part in rel.parts[:-1])
@@ -111,6 +115,41 @@ def _in_temporary(rel: Path) -> bool:
 
 def _under(path: Path, dirs: list[Path]) -> bool:
     return any(d == path or d in path.parents for d in dirs)
+
+
+def _num(value, lo: float, what: str, strict: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        value > lo if strict else value >= lo)
+    if not ok:
+        raise ValueError(f"{what} must be a finite number {'>' if strict else '>='} {lo:g}, got {value!r}")
+
+
+def check_plan(plan) -> None:
+    """The fields of a plan.json the report draws (a hand-edited or truncated file is a note, not a traceback)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("systems"), dict):
+        raise ValueError("no 'systems' mapping")
+    if plan.get("slo_tpot_ms") is not None:
+        _num(plan["slo_tpot_ms"], 0, "slo_tpot_ms", strict=True)
+    for name, entry in plan["systems"].items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"systems.{name} is not a mapping")
+        evals = entry.get("evaluations", [])
+        if not isinstance(evals, list) or not all(isinstance(e, dict) for e in evals):
+            raise ValueError(f"systems.{name}.evaluations is not a list of mappings")
+        points = [e for e in evals if e.get("ok")]
+        best = entry.get("best")
+        if best is not None:
+            if not isinstance(best, dict):
+                raise ValueError(f"systems.{name}.best is not a mapping")
+            points.append(best)
+            _num(best.get("admitted"), 0, f"systems.{name}.best.admitted")
+        for e in points:
+            _num(e.get("concurrency"), 1, f"systems.{name}: concurrency")
+            _num(e.get("throughput_tok_s"), 0, f"systems.{name}: throughput_tok_s", strict=True)
+            _num(e.get("tpot_ms"), 0, f"systems.{name}: tpot_ms")
+        for key in ("slo_edge", "ceiling"):
+            if entry.get(key):
+                _num(entry[key], 0, f"systems.{name}.{key}", strict=True)
 
 
 def collect(root) -> Results:
@@ -123,7 +162,8 @@ def collect(root) -> Results:
     frames, plans, validations, sources, notes = [], [], [], [], []
 
     def found(name: str) -> list[Path]:  # files under root, skipping hidden temporaries of unfinished writes
-        return sorted(p for p in root.rglob(name) if not _in_temporary(p.relative_to(root)))
+        return sorted(p for p in root.rglob(name) if not _in_temporary(p.relative_to(root))
+                      and not (p.name.startswith(".") and p.name.endswith(MANIFEST_SUFFIX)))
 
     sweep_dirs = sorted({p.parent for p in found(SWEEP_TABLE)} | {p.parent for p in found(SWEEP_CSV)})
     for d in sweep_dirs:
@@ -147,8 +187,7 @@ def collect(root) -> Results:
     for path in found("plan.json"):
         try:
             plan = _read_json(path)
-            if not isinstance(plan, dict) or "systems" not in plan:
-                raise ValueError("no 'systems'")
+            check_plan(plan)
         except (OSError, ValueError) as exc:
             notes.append(f"{path.relative_to(root)}: not a plan file ({exc})")
             continue
@@ -182,6 +221,8 @@ def collect(root) -> Results:
         sources.append(str(path.relative_to(root)))
 
     if not sources:
-        raise ValueError(f"{root}: no result files found (results.parquet, metrics.json, plan.json, validate.json)")
+        why = f"; {notes[0]}" if notes else ""
+        raise ValueError(f"{root}: no result files found (results.parquet, metrics.json, plan.json, "
+                         f"validate.json){why}")
     runs = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
     return Results(root, runs, plans, validations, sources, notes)

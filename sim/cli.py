@@ -35,9 +35,18 @@ def register(subparsers) -> None:
 RUN_FILES = ("metrics.json", "config.yaml", "timeline.parquet")
 
 
-def is_run_dir(path: Path) -> bool:
-    """An earlier replay's output dir (what --force may replace)."""
-    return (path / "metrics.json").is_file() or (path / "config.yaml").is_file()
+def _events_inside(out: Path, events: Path | None) -> Path | None:
+    """`--trace-events` as a path relative to `--out` when it lies inside it (README: runs/x/perfetto.json), else None."""
+    import os
+
+    if events is None:
+        return None
+    rel = os.path.relpath(os.path.abspath(events), os.path.abspath(out))
+    if rel == "." or rel == ".." or rel.startswith(".." + os.sep):
+        if rel == ".":
+            raise ValueError(f"--trace-events {events}: is the --out directory itself; give a file name")
+        return None
+    return Path(rel)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -49,21 +58,31 @@ def _replay(args: argparse.Namespace) -> int:
     sets = list(args.sets)
     if args.trace is not None:
         sets.append(f"workload.trace={args.trace}")
-    # Refuse before simulating: an earlier run is replaced only with --force; the run is written into a hidden
-    # sibling dir and renamed into place whole, so a failure leaves what was on disk byte-identical.
+    # Refuse before simulating: an earlier run is replaced only with --force, and only one this tool wrote (its
+    # manifest); the run is written into a hidden sibling dir and renamed into place whole, so a failure leaves what
+    # was on disk byte-identical. A --trace-events file inside --out is written into the run dir itself.
     if args.max_memory_gb is not None and not 0 < args.max_memory_gb < float("inf"):
         raise ValueError(f"--max-memory-gb must be a finite number > 0, got {args.max_memory_gb}")
     if args.policy_workers is not None and args.policy_workers < 1:
         raise ValueError(f"--policy-workers must be a whole number >= 1, got {args.policy_workers}")
-    check_out_path(args.out, args.force, owns=is_run_dir, what="replay run")
-    if args.trace_events is not None and args.trace_events.exists() and not args.force:
-        raise ValueError(f"{args.trace_events}: exists; pass --force to replace it")
+    check_out_path(args.out, args.force, command="replay", what="replay run")
+    inside = _events_inside(args.out, args.trace_events)
+    if inside is not None and inside.parts[0] in RUN_FILES:
+        raise ValueError(f"--trace-events {args.trace_events}: would overwrite the run's own {inside.parts[0]}")
     with ExitStack() as stack:
-        stage = stack.enter_context(StagedDir(args.out, replace=args.force))
-        events = stack.enter_context(StagedFile(args.trace_events)) if args.trace_events is not None else None
+        stage = stack.enter_context(StagedDir(args.out, command="replay", replace=args.force))
+        events = None
+        if args.trace_events is not None and inside is None:
+            events = stack.enter_context(StagedFile(args.trace_events, command="replay --trace-events",
+                                                    replace=args.force))
+            events_path = events.path
+        elif inside is not None:
+            events_path = stage.path / inside
+            events_path.parent.mkdir(parents=True, exist_ok=True)
         metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
-                             trace_events=events.path if events else None, calibration=args.calibration,
-                             overrides=sets, max_memory_gb=args.max_memory_gb, policy_workers=args.policy_workers)
+                             trace_events=events_path if args.trace_events is not None else None,
+                             calibration=args.calibration, overrides=sets, max_memory_gb=args.max_memory_gb,
+                             policy_workers=args.policy_workers)
         stage.publish()
         if events is not None:
             events.publish()

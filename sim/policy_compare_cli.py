@@ -48,12 +48,13 @@ def _run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from sim.policy_compare import compare
+    from traces.atomic import StagedFile, check_out_file
 
     out: Path = args.out
-    if out.exists() and not out.is_dir():
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ValueError(f"{out}: --out exists and is not a directory")
-    if not args.force and any((out / name).exists() for name in OUTPUTS):
-        raise ValueError(f"{out}: holds an earlier policy_compare (use --force to replace it)")
+    for name in OUTPUTS:  # each file is replaced only with --force, and only if policy-compare wrote it
+        check_out_file(out / name, args.force, command="policy-compare")
     t0 = time.perf_counter()
     rows, meta = compare(args.trace, _sizes(args.gpu_slots), args.group, args.warmup_steps, args.num_requests,
                          args.concurrency, args.query_tokens, args.max_steps, peers=not args.no_peers)
@@ -61,24 +62,12 @@ def _run(args: argparse.Namespace) -> int:
                  .isoformat(timespec="seconds"), "machine": platform.node(), "load_avg": list(os.getloadavg()),
                  "wall_s": round(time.perf_counter() - t0, 2), "rows": rows})
     df = pd.DataFrame(rows)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = {name: out / f".{name}.tmp" for name in OUTPUTS}
-    try:
-        df.to_parquet(tmp["policy_compare.parquet"], index=False)
-        df.to_csv(tmp["policy_compare.csv"], index=False)
-        tmp["policy_compare.json"].write_text(json.dumps(meta, indent=1) + "\n")
-        for name, path in tmp.items():
-            path.replace(out / name)
-    except BaseException:
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()
-        raise
-    finally:
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
+    # staged in a fresh hidden dir made by mkdtemp inside --out (never a planted name), fsynced, renamed into place
+    with StagedFile(out / OUTPUTS[0], command="policy-compare", replace=args.force) as stage:
+        df.to_parquet(stage.path, index=False)
+        df.to_csv(stage.sibling(OUTPUTS[1]), index=False)
+        stage.sibling(OUTPUTS[2]).write_text(json.dumps(meta, indent=1) + "\n")
+        stage.publish()
     show = df.assign(hit_ratio=df["hit_ratio"].round(4)).pivot(index="policy", columns="gpu_slots",
                                                                   values="hit_ratio")
     from sim.peers import PEERS

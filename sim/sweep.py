@@ -123,7 +123,7 @@ def sim_replay(config: dict, out_dir: Path) -> dict:
     import sim
     from traces.atomic import StagedDir
 
-    with StagedDir(out_dir, replace=True) as stage:  # our own point dir
+    with StagedDir(out_dir, command="replay", replace=True) as stage:  # our own point dir
         metrics = sim.replay(config, stage.path, progress=False, policy_workers=None)  # (the usable cores)
         stage.publish()
     return metrics
@@ -366,11 +366,21 @@ def ray_start_error(exc: BaseException, workers: int, address: str | None) -> OS
                    "in this process, or raise the memory limit")
 
 
+def _loopback_only(ray) -> None:
+    """Make Ray resolve this node's IP to 127.0.0.1 (it maps a loopback `_node_ip_address` to the host's routable
+    IP unless its "cluster" mode is off: the env var above, read when ray was first imported)."""
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        constants.ENABLE_RAY_CLUSTER = False
+
+
 def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, workers: int,
              address: str | None, isolate: bool | None = None) -> None:
     import logging
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not address:  # a local cluster is for this process only: its processes (spawned with this env) use loopback
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
     started = False
@@ -379,9 +389,11 @@ def _run_ray(todo: list[Point], replay_fn: ReplayFn, sweep_dir: Path, on_done, w
             if address:
                 ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
             else:
-                # address="local": always a fresh local instance, even when `ray start` left a cluster file around
+                # address="local": always a fresh local instance, even when `ray start` left a cluster file around;
+                # bound to 127.0.0.1, not every interface (Ray otherwise advertises and listens on the host's IP)
+                _loopback_only(ray)
                 ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,
-                         log_to_driver=False)
+                         log_to_driver=False, _node_ip_address="127.0.0.1")
         except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes do not come up
             ray.shutdown()  # whatever part of the node did start
             raise ray_start_error(exc, workers, address) from None
@@ -450,12 +462,76 @@ def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (),
     if resume:
         previous = _load_sweep_yaml(sweep_dir)
     else:
-        if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
+        if sweep_dir.exists() and (not sweep_dir.is_dir() or any(p.name != LOCK_NAME for p in sweep_dir.iterdir())):
             raise ValueError(f"{sweep_dir}: sweep dir exists and is not empty; pass --resume to continue it")
         previous = {}
     sets = parse_sets(sets)
     points = make_points(config_path, grid, sets, resolve)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with _SweepLock(sweep_dir, resume) as lock:
+        return _run_locked(config_path, grid, sweep_dir, sets, points, previous, lock, workers, address, progress,
+                           replay_fn, isolate)
+
+
+LOCK_NAME = ".ulacache-lock"
+
+
+class _SweepLock:
+    """One sweep at a time per sweep dir: an exclusive flock on `DIR/.ulacache-lock`, held for the whole sweep.
+
+    A second sweep into the same dir (new or --resume) is refused in one line instead of both writing half the
+    points; a new sweep that got the lock after another finished finds the dir no longer empty and is refused too.
+    """
+
+    def __init__(self, sweep_dir: Path, resume: bool):
+        self.dir, self.resume = sweep_dir, resume
+        self.fd: int | None = None
+        self.created = False
+
+    def __enter__(self) -> _SweepLock:
+        import fcntl
+
+        if self.dir.is_symlink():
+            raise OSError(f"{self.dir}: is a symbolic link; give the directory it points to")
+        self.created = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            self._undo()
+            raise OSError(f"{self.dir}: cannot create the sweep lock ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise ValueError(f"{self.dir}: another `ulacache sweep` is writing this sweep dir now; wait for it "
+                             "(then --resume) or choose another --out") from None
+        if not self.resume and any(p.name != LOCK_NAME for p in self.dir.iterdir()):
+            self.__exit__()
+            raise ValueError(f"{self.dir}: sweep dir exists and is not empty; pass --resume to continue it")
+        return self
+
+    def _undo(self) -> None:
+        if self.created:
+            try:
+                (self.dir / LOCK_NAME).unlink(missing_ok=True)
+                self.dir.rmdir()
+            except OSError:
+                pass
+
+    def __exit__(self, *exc) -> bool:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock; the empty lock file stays (removing it would race a waiter)
+            self.fd = None
+        return False
+
+
+def _run_locked(config_path: Path, grid: dict, sweep_dir: Path, sets: list[str], points: list[Point],
+                previous: dict, lock: _SweepLock, workers: int, address: str | None, progress: bool,
+                replay_fn: ReplayFn, isolate: bool | None):
+    """The body of `run_sweep` once this process holds the sweep dir's lock."""
+    from traces.atomic import MANIFEST, atomic_write_text
+
 
     known = {p["point_id"]: p for p in previous.get("points", []) if isinstance(p, dict) and "point_id" in p}
     for p in points:
@@ -463,7 +539,15 @@ def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (),
     meta = {"config": str(config_path.resolve()), "grid": grid, "set": list(sets),
             "grid_keys": list(dict.fromkeys(list(previous.get("grid_keys", [])) + list(grid))),
             "points": list(known.values())}
-    table = ResultsTable(sweep_dir, meta["grid_keys"])  # an unreadable table refuses before anything is written
+    try:
+        table = ResultsTable(sweep_dir, meta["grid_keys"])  # an unreadable table refuses before anything is written
+    except BaseException:
+        if not previous:
+            lock._undo()
+        raise
+    if not (sweep_dir / MANIFEST).exists():  # names the dir a sweep's (a living dir: its files are not listed)
+        atomic_write_text(sweep_dir / MANIFEST, json.dumps({"tool": "ulacache", "format": 1, "command": "sweep",
+                                                             "files": {}, "living": True}, indent=1) + "\n")
     _atomic_write(sweep_dir / "sweep.yaml", lambda p: p.write_text(yaml.safe_dump(meta, sort_keys=False)))
     todo = []
     for point in points:

@@ -131,8 +131,8 @@ def _plan(args: argparse.Namespace) -> int:
     from traces.atomic import StagedDir, check_out_path
 
     # the plan (plan.json, plan.png, its replays) is built in a hidden sibling and renamed into place whole
-    check_out_path(args.out, args.force, owns=lambda p: (p / "plan.json").is_file(), what="plan")
-    with StagedDir(args.out, replace=args.force) as stage:
+    check_out_path(args.out, args.force, command="plan", what="plan")
+    with StagedDir(args.out, command="plan", replace=args.force) as stage:
         result = run_plan(model=args.model, hardware=args.hardware, num_gpus=args.num_gpus,
                           gpu_kv_gb=args.gpu_kv_gb, cpu_kv_gb=args.cpu_kv_gb, slo_tpot_ms=args.slo_tpot_ms,
                           slo_metric=args.slo_metric, systems=systems, attention=args.attention, config=args.config,

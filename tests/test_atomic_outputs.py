@@ -78,12 +78,18 @@ def test_replay_refuses_existing_run_without_force(old_run, tmp_path, capsys):
 def test_replay_force_replaces_whole_run(old_run, tmp_path, capsys):
     _copy_tree(old_run, tmp_path / "w")
     out = tmp_path / "w" / "o"
-    (out / "stale.txt").write_text("from an older version")
+    (out / "stale.txt").write_text("not written by ulacache")
+    before = snapshot(tmp_path)
+    code = main(["replay", str(tmp_path / "w" / "c.yaml"), "--out", str(out), "--quiet", "--force"])
+    assert_one_line(capsys, code, "it holds stale.txt, which ulacache did not write")  # issue 27: never deleted
+    assert snapshot(tmp_path) == before
+    (out / "stale.txt").unlink()
     code = main(["replay", str(tmp_path / "w" / "c.yaml"), "--out", str(out), "--quiet", "--force",
                  "--set", "workload.max_steps=2"])
     assert code == 0, capsys.readouterr().err
     assert json.loads((out / "metrics.json").read_text())["decode_steps"] == 2
-    assert not (out / "stale.txt").exists()  # the run dir is replaced whole, not merged
+    assert sorted(p.name for p in out.iterdir()) == [".ulacache-manifest.json", "config.yaml", "metrics.json",
+                                                    "timeline.parquet"]  # the run dir is replaced whole
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["c.yaml", "o"]  # no temporaries left
 
 
@@ -94,7 +100,7 @@ def test_replay_force_refuses_a_dir_that_is_not_a_run(tmp_path, capsys):
     (tmp_path / "home" / "notes.txt").write_text("mine")
     before = snapshot(tmp_path)
     code = main(["replay", str(cfg), "--out", str(tmp_path / "home"), "--force", "--quiet"])
-    assert_one_line(capsys, code, "not a replay run directory")
+    assert_one_line(capsys, code, "not written by ulacache")
     assert snapshot(tmp_path) == before
 
 
@@ -205,7 +211,7 @@ def test_report_refuses_an_earlier_report_without_force(tmp_path, capsys):
     (tmp_path / "mine" / "a.txt").write_text("keep")
     before = snapshot(tmp_path)
     assert_one_line(capsys, main(["report", str(res), "--out", str(tmp_path / "mine"), "--force"]),
-                    "not a report directory")
+                    "not written by ulacache")
     assert snapshot(tmp_path) == before
     assert main(["report", str(res), "--out", str(tmp_path / "rep"), "--force"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "rep", "res"]
@@ -235,13 +241,20 @@ def test_staged_dir_never_replaces_what_appeared_meanwhile(tmp_path):
 
     out = tmp_path / "o"
     with pytest.raises(OSError, match="appeared while this command ran"):
-        with StagedDir(out) as stage:
+        with StagedDir(out, command="replay") as stage:
             (stage.path / "metrics.json").write_text("new")
             out.mkdir()
             (out / "metrics.json").write_text("theirs")  # another command finished first
             stage.publish()
     assert (out / "metrics.json").read_text() == "theirs" and sorted(tmp_path.iterdir()) == [out]
-    with StagedDir(out, replace=True) as stage:  # --force
-        (stage.path / "metrics.json").write_text("new")
-        stage.publish()
+    with pytest.raises(ValueError, match="not written by ulacache"):  # --force, but not our output
+        with StagedDir(out, command="replay", replace=True) as stage:
+            (stage.path / "metrics.json").write_text("new")
+            stage.publish()
+    assert (out / "metrics.json").read_text() == "theirs" and sorted(tmp_path.iterdir()) == [out]
+    (out / "metrics.json").unlink()
+    for text in ("ours", "new"):  # --force over our own earlier output
+        with StagedDir(out, command="replay", replace=True) as stage:
+            (stage.path / "metrics.json").write_text(text)
+            stage.publish()
     assert (out / "metrics.json").read_text() == "new" and sorted(tmp_path.iterdir()) == [out]

@@ -209,7 +209,7 @@ CASES = [
     ("out-under-a-file", ["replay", "{ws}/good.yaml", "--out", "{ws}/afile/o", "--quiet"], "is not a directory"),
     ("out-existing-run", ["replay", "{ws}/good.yaml", "--out", "{ws}/run", "--quiet"], "pass --force to replace it"),
     ("out-force-on-foreign-dir", ["replay", "{ws}/good.yaml", "--out", "{ws}/mine", "--quiet", "--force"],
-     "not a replay run directory"),
+     "not written by ulacache"),
     ("out-is-a-symlink", ["replay", "{ws}/good.yaml", "--out", "{ws}/runlink", "--quiet", "--force"],
      "is a symbolic link"),
     ("out-trace-events-exists", replay("--trace-events", "{ws}/events.json"), "events.json: exists; pass --force"),
@@ -246,7 +246,7 @@ CASES = [
     ("gen-out-existing-trace", ["trace", "gen", "--num-requests", "2", "--out", "{ws}/trace"],
      "pass --force to replace it"),
     ("gen-force-on-foreign-dir", ["trace", "gen", "--num-requests", "2", "--out", "{ws}/mine", "--force"],
-     "not a trace directory"),
+     "not written by ulacache"),
     ("gen-out-is-a-file", ["trace", "gen", "--num-requests", "2", "--out", "{ws}/afile"], "not a directory"),
     # ---- request lists (CSV / JSONL)
     ("csv-1e20-tokens", gen("--from-csv", "{ws}/huge_tokens.csv"), "huge_tokens.csv: line 2: input_tokens"),
@@ -327,7 +327,7 @@ CASES = [
     ("report-missing-dir", ["report", "{ws}/nowhere"], "result dir not found"),
     ("report-empty-dir", ["report", "{ws}/emptydir", "--out", "{ws}/r"], "no result files found"),
     ("report-out-is-a-file", ["report", "{ws}/sweep", "--out", "{ws}/afile"], "exists and is not a directory"),
-    ("report-out-foreign-dir", ["report", "{ws}/sweep", "--out", "{ws}/mine", "--force"], "not a report directory"),
+    ("report-out-foreign-dir", ["report", "{ws}/sweep", "--out", "{ws}/mine", "--force"], "not written by ulacache"),
 ]
 
 

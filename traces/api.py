@@ -68,7 +68,7 @@ def generate_trace(out, profile="multi-lexsum", num_requests: int | None = None,
         "arrival": {"process": arrival or arr.process, "rate_per_s": float(rate_per_s or arr.rate_per_s)},
         "profile_spec": prof.to_dict(), "requests_generator": "lognormal-v1", "selections": synthetic,
     }
-    with StagedDir(out, replace=overwrite) as stage:
+    with StagedDir(out, command="trace", replace=overwrite) as stage:
         path = stage.path
         write_trace(path, requests, meta)
         if capture_steps > 0:
@@ -117,7 +117,7 @@ def convert_to_trace(capture, out, requests_file=None, top_k: int | None = None,
     """Convert a capture (JSONL/NPZ) into a trace directory with compact captured selections (staged like
     `generate_trace`: a refused or failed convert leaves `out` as it was)."""
     check_out_dir(out, overwrite)
-    with StagedDir(out, replace=overwrite) as stage:
+    with StagedDir(out, command="trace", replace=overwrite) as stage:
         _convert_into(stage.path, capture, requests_file, top_k)
         return stage.publish()
 

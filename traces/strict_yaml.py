@@ -5,11 +5,16 @@ as shared references that explode when walked; both are refused here with one li
 """
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from traces.errors import TraceError
 
 MAX_VALUES = 100_000  # scalars + containers after expanding aliases; a replay config has ~100
+# bytes of one YAML file, checked before reading it: a config or calibration is a few KB, the largest sweep.yaml
+# (one line per grid point) a few hundred KB; PyYAML parses ~1 MB/s, so 50 MB would hang for a minute and take GBs
+MAX_YAML_BYTES = 16 << 20
 
 
 class _Loader(yaml.SafeLoader):
@@ -39,6 +44,14 @@ class _Loader(yaml.SafeLoader):
         if len(node.value) > MAX_VALUES:
             raise yaml.constructor.ConstructorError(None, None, f"merge keys expand to more than {MAX_VALUES:,} "
                                                     "entries", node.start_mark)
+
+
+# YAML 1.1 (PyYAML) reads a float only with a dot and a signed exponent: `4e-6`, `2.5e9` and `1e3` stay strings.
+# Users write them as YAML 1.2 and JSON do, so they are floats here too (quoted '4e-6' stays a string).
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def count_values(obj, limit: int = MAX_VALUES) -> int:
@@ -90,6 +103,10 @@ def read_yaml_file(path, limit: int = MAX_VALUES):
     from pathlib import Path
 
     path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise TraceError(f"{path}: {size:,} bytes is over the {MAX_YAML_BYTES >> 20} MiB limit for a YAML file "
+                         "(configs, calibrations and trace metadata are a few KB)")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")

@@ -53,7 +53,7 @@ def check_out_dir(path, overwrite: bool = False) -> Path:
     """
     path = Path(path)
     try:
-        check_out_path(path, overwrite, owns=lambda p: (p / META_FILE).is_file(), what="trace")
+        check_out_path(path, overwrite, command="trace", what="trace")
     except (OSError, ValueError) as exc:
         raise TraceError(str(exc)) from None
     return path

@@ -24,6 +24,8 @@ COLUMNS = ("request_id", "arrival_s", "input_tokens", "output_tokens")
 # Limits on what a trace may hold (beyond them a value is a typo or an overflow, not a workload):
 MAX_REQUEST_TOKENS = 1 << 20  # input or output tokens of one request: a 1M-token context (these models serve 128-200K)
 MAX_REQUESTS = 1_000_000  # requests in one generated trace (a replay simulates each one)
+# bytes of a request list (CSV/JSONL), checked before parsing: MAX_REQUESTS rows of at most ~100 bytes each
+MAX_REQUEST_FILE_BYTES = 128 << 20
 MAX_SEED = 2**32 - 1  # the generators key their RNG on 32 bits: larger seeds would repeat smaller ones
 ARRIVALS = ("closed", "poisson")
 
@@ -259,6 +261,12 @@ def import_requests(path, arrival: str | None = None, rate_per_s: float | None =
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such file")
+    if not path.is_file():
+        raise TraceError(f"{path}: not a regular file")
+    size = path.stat().st_size
+    if size > MAX_REQUEST_FILE_BYTES:
+        raise TraceError(f"{path}: {size:,} bytes is over the {MAX_REQUEST_FILE_BYTES >> 20} MiB limit for a request "
+                         f"list (at most {MAX_REQUESTS:,} requests)")
     rows = _read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson") else _read_csv(path)
     if not rows:
         raise TraceError(f"{path}: no requests")
@@ -332,26 +340,44 @@ def iter_jsonl(path: Path):
             yield n, r
 
 
+def _too_many(path: Path) -> TraceError:
+    return TraceError(f"{path}: more than {MAX_REQUESTS:,} requests (the limit of one trace: a replay simulates "
+                      "every request)")
+
+
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    return list(iter_jsonl(path))
+    rows = []
+    for row in iter_jsonl(path):
+        if len(rows) >= MAX_REQUESTS:
+            raise _too_many(path)
+        rows.append(row)
+    return rows
 
 
 def _read_csv(path: Path) -> list[tuple[int, dict]]:
     import csv
 
     rows = []
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+    # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is dropped, not read into the first column's name
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
         reader = csv.reader(fh)
         header = None
-        for n, rec in enumerate(reader, 1):
-            if not rec or all(not c.strip() for c in rec):
-                continue
-            if header is None:
-                header = [c.strip() for c in rec]
-                continue
-            if len(rec) != len(header):
-                raise TraceError(f"{path}: line {n}: {len(rec)} fields, header has {len(header)}")
-            rows.append((n, {k: v.strip() for k, v in zip(header, rec)}))
+        n = 0
+        try:
+            for rec in reader:
+                n = reader.line_num
+                if not rec or all(not c.strip() for c in rec):
+                    continue
+                if header is None:
+                    header = [c.strip() for c in rec]
+                    continue
+                if len(rec) != len(header):
+                    raise TraceError(f"{path}: line {n}: {len(rec)} fields, header has {len(header)}")
+                if len(rows) >= MAX_REQUESTS:
+                    raise _too_many(path)
+                rows.append((n, {k: v.strip() for k, v in zip(header, rec)}))
+        except csv.Error as exc:  # e.g. an unterminated quote runs past the field size limit (128 KB)
+            raise TraceError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
     if header is None:
         raise TraceError(f"{path}: empty file (need a header: input_tokens,output_tokens[,arrival_s])")
     return rows

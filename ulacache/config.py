@@ -8,6 +8,8 @@ from typing import Any
 
 MODES = ("dp", "tp")
 DEFAULT_ROW_BYTES = 656  # FP8 MLA KV of one token in one layer (docs/architecture.md)
+MAX_SLOTS = 2**40  # any size or count: a trillion token slots; beyond it int64 address arithmetic can overflow
+MAX_PAYLOAD_ROW_BYTES = 1 << 20  # stored bytes per token (all payload layers): 20x a whole GLM-5 token's KV
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,13 @@ class CacheConfig:
                 raise ValueError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.num_ranks > 1024:
             raise ValueError(f"CacheConfig.num_ranks must be <= 1024, got {self.num_ranks}")
+        for f in dataclasses.fields(self):  # sizes past int64 arithmetic: a ValueError, not an OverflowError later
+            if f.type in ("int", int) and f.name != "seed" and getattr(self, f.name) > MAX_SLOTS:
+                raise ValueError(f"CacheConfig.{f.name} must be <= 2^40, got {getattr(self, f.name)}")
+        if self.payload_bytes * self.payload_layers > MAX_PAYLOAD_ROW_BYTES:
+            raise ValueError(f"CacheConfig.payload_bytes x payload_layers must be <= {MAX_PAYLOAD_ROW_BYTES:,} bytes "
+                             f"per token (GLM-5's 78 layers x 656 B are 51 KB), got {self.payload_bytes:,} x "
+                             f"{self.payload_layers:,}")
         if self.policy == "hisparse":
             if self.cpu_slots < 1:
                 raise ValueError("CacheConfig.cpu_slots must be >= 1 for policy 'hisparse' (it keeps a full CPU copy)")

@@ -15,7 +15,7 @@ from ulacache_cli.extras import missing_extra
 
 # Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
 COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare_cli", "sim.sensitivity_cli", "hw.cli",
-                   "reports.cli", "ulacache_cli.demo")
+                   "ulacache_cli.report", "ulacache_cli.demo")
 
 
 _SIM_HINT = ("lower workload.num_requests or workload.max_concurrency, or sample more coarsely "
