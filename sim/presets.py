@@ -108,15 +108,17 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         # Xeon Platinum 8480C, each GPU a full PCIe Gen5 x16 to the host ("GPU-PCIe 504 GB/s" = 8 x 63 GB/s) through
         # its own ConnectX-7 (integrated PCIe Gen5 switch, 32 lanes: x16 GPU + x16 host; DGX H100/H200 user guide:
         # network module 0 -> CPU 0 -> GPUs 0-3, module 1 -> CPU 1 -> GPUs 4-7). Xeon 8480+ (Intel ARK): 80 PCIe 5.0
-        # lanes (315.1 GB/s), 8 x DDR5-4800 (307.2 GB/s), 4 UPI links at 16 GT/s (4 x 32 GB/s each way).
+        # lanes (315.1 GB/s), 8 channels of DDR5-4800 at 1 DIMM a channel, 4400 at 2 (DGX H200: 32 DIMMs on 16
+        # channels, so 8 x 4400 MT/s x 8 B = 281.6 GB/s), 4 UPI links at 16 GT/s (4 x 32 GB/s each way).
         num_sockets=2, gpus_per_switch=1, pcie_raw_bytes_s=63.0 * GB, switch_uplink_raw_bytes_s=63.0 * GB,
-        socket_pcie_raw_bytes_s=315.1 * GB, socket_mem_bw_bytes_s=307.2 * GB, inter_socket_bw_bytes_s=128.0 * GB,
+        socket_pcie_raw_bytes_s=315.1 * GB, socket_mem_bw_bytes_s=281.6 * GB, inter_socket_bw_bytes_s=128.0 * GB,
     ),
     # B300 (Blackwell Ultra) datasheet-class figures: 288 GB HBM3e, 8 TB/s, FP8 ~4.5 PFLOPS dense, BF16 ~2.25
     # PFLOPS dense, NVLink 5 1.8 TB/s bidirectional (900 GB/s each way), host memory 2-4 TB per node (2 TB taken,
     # the conservative end). Host side (issue 26 item 7): the GPU's PCIe Gen6 x16 ends at a ConnectX-8 SuperNIC
     # (integrated PCIe switch) on the HGX B300 board, one per GPU; its uplink to the x86 host is Gen5 x16: the DGX
-    # B300's Xeon 6 6776P has 88 PCIe 5.0 lanes and 8 x DDR5-6400 (heise, 2025-05), and NVIDIA's own MLPerf
+    # B300's Xeon 6 6776P has 88 PCIe 5.0 lanes and 8 channels of DDR5-6400 at 1 DIMM a channel (heise, 2025-05),
+    # 5200 at 2 (cnews.cz, 2025-03; 32 DIMMs as in the MLPerf DGX B300 entry: 8 x 5200 x 8 B), and NVIDIA's own MLPerf
     # Inference v6.1 "NVIDIA DGX B300" system description lists "PCIe Gen5 x16" host interconnect and "GPU-PCIe
     # 504 GB/s" (8 x 63 GB/s). So a GPU's host path is Gen5 x16, as on H200: the measured Gen5 55.5 GB/s, not 2x.
     # Inter-socket: Xeon 6 6700P, 4 UPI 2.0 links at 24 GT/s (4 x 48 GB/s each way; Intel platform figure, not
@@ -126,7 +128,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         bf16_flops=2.25e15, nvlink_bw_bytes_s=900 * GB, nvlink_latency_s=3e-6, pcie_bw_bytes_s=55.5 * GB,
         pcie_latency_s=6e-6, host_memory_bytes=2e12, kernel_launch_s=4.1e-6,
         num_sockets=2, gpus_per_switch=1, pcie_raw_bytes_s=63.0 * GB, switch_uplink_raw_bytes_s=63.0 * GB,
-        socket_pcie_raw_bytes_s=346.6 * GB, socket_mem_bw_bytes_s=409.6 * GB, inter_socket_bw_bytes_s=192.0 * GB,
+        socket_pcie_raw_bytes_s=346.6 * GB, socket_mem_bw_bytes_s=332.8 * GB, inter_socket_bw_bytes_s=192.0 * GB,
     ),
 }
 

@@ -12,6 +12,10 @@ Throughput and TPOT come from that replay. Admitted concurrency is a property of
 comes from an admission probe (`ADMISSION_PROBE`: 1,024 requests offered at once, one decode step), run for the base
 and for the constants that change capacity (`capacity=True`); the others cannot move admission (the engine admits on
 capacity alone) and carry the base figure.
+
+Beside them, `TOPOLOGY`: each node-topology value (sim/COSTS.md "Node topology") replayed at the low and the high
+end of its plausible range from its sources (`TOPOLOGY_BOUNDS`, per hardware preset), same metrics, as
+`topology_rows`. They act only on systems that move KV over PCIe (UlaCache, HiSparse).
 """
 from __future__ import annotations
 
@@ -94,6 +98,97 @@ ASSUMED: tuple[Constant, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class TopologyRange:
+    """A node-topology value: its config key, where its range comes from, and (cfg, costs) -> (low, high), or None
+    where it cannot act (no host traffic, no bounds for this preset)."""
+
+    key: str
+    source: str
+    bounds: Callable
+
+
+# preset -> key -> (low, high): the ends of each value's plausible range in its sources (sim/presets.py, COSTS.md)
+TOPOLOGY_BOUNDS = {
+    "h200": {
+        # DGX H200: one ConnectX-7 switch per GPU (DGX H100/H200 user guide); HGX boards with one PCIe switch per
+        # 2 GPUs, as DGX A100's PEX88096 switches (DGX A100 user guide), are the other end
+        "hardware.gpus_per_switch": (1, 2),
+        # Xeon 8480+ (Intel ARK): 8 channels, DDR5-4400 at 2 DIMMs a channel (DGX H200: 32 DIMMs) .. DDR5-4800 at 1
+        "hardware.socket_mem_bw_bytes_s": (8 * 4400e6 * 8, 8 * 4800e6 * 8),
+        "hardware.host_kv_remote_fraction": (0.0, 0.5),  # NUMA-local .. interleaved over the 2 sockets
+    },
+    "b300": {
+        "hardware.gpus_per_switch": (1, 2),  # one ConnectX-8 per GPU (HGX B300) .. 2 GPUs a switch
+        # Xeon 6 6776P (heise): 8 channels, DDR5-5200 at 2 DIMMs a channel .. MRDIMM 8000 at 1
+        "hardware.socket_mem_bw_bytes_s": (8 * 5200e6 * 8, 8 * 8000e6 * 8),
+        "hardware.host_kv_remote_fraction": (0.0, 0.5),
+        # the host path: Gen5 x16 (the CPU's lanes; MLPerf DGX B300) .. Gen6 x16 end to end (the old preset, 2x)
+        "hardware.pcie_bw_bytes_s": (55.5e9, 111e9),
+    },
+}
+
+
+def _host_traffic(cfg) -> bool:
+    return _system(cfg).uses_policy and cfg.cpu_storage
+
+
+def _preset_bounds(key: str) -> Callable:
+    def bounds(cfg, costs):
+        got = TOPOLOGY_BOUNDS.get(cfg.hardware.name, {}).get(key)
+        return got if got is not None and _host_traffic(cfg) else None
+    return bounds
+
+
+def _host_cap_bounds(cfg, costs):
+    """The calibrated host cap per socket: low, one cap for the whole node (the model before the topology: each
+    socket gets its share); high, the socket's DRAM peak (the 2-GPU VM's cap an artefact of that host)."""
+    cap, sockets = costs["pcie_host_cap_bytes_s"], cfg.hardware.num_sockets
+    if not cap or sockets < 2 or not _host_traffic(cfg):
+        return None
+    return cap / sockets, max(cap, cfg.hardware.socket_mem_bw_bytes_s)
+
+
+TOPOLOGY: tuple[TopologyRange, ...] = (
+    TopologyRange("costs.pcie_host_cap_bytes_s", "calibrated host cap per socket (2-GPU VM fit): node-wide .. "
+                  "socket DRAM peak", _host_cap_bounds),
+    TopologyRange("hardware.gpus_per_switch", "GPUs per PCIe switch uplink: DGX (1 ConnectX per GPU) .. 2",
+                  _preset_bounds("hardware.gpus_per_switch")),
+    TopologyRange("hardware.socket_mem_bw_bytes_s", "socket DRAM peak: 2 DIMMs a channel .. 1 (datasheet)",
+                  _preset_bounds("hardware.socket_mem_bw_bytes_s")),
+    TopologyRange("hardware.host_kv_remote_fraction", "host KV on the other socket: NUMA-local .. interleaved",
+                  _preset_bounds("hardware.host_kv_remote_fraction")),
+    TopologyRange("hardware.pcie_bw_bytes_s", "B300 host path: Gen5 x16 (CPU lanes) .. Gen6 x16 end to end",
+                  _preset_bounds("hardware.pcie_bw_bytes_s")),
+)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**31 else f"{value:.12e}"
+
+
+def topology_rows(tree: dict, cfg, costs, calibration, base: dict) -> tuple[list[dict], list[str]]:
+    """Each applicable topology value at the low and the high end of its range (rows), and the keys skipped."""
+    import sim
+
+    rows, skipped = [], []
+    for t in TOPOLOGY:
+        ends = t.bounds(cfg, costs)
+        if ends is None:
+            skipped.append(t.key)
+            continue
+        for end, value in zip(("low", "high"), ends):
+            setting = [f"{t.key}={_number(value)}"]
+            got = headline(sim.replay(tree, None, calibration=calibration, overrides=setting, policy_workers=None))
+            got["admitted"] = base["admitted"]  # a link's rate never moves admission (the engine admits on capacity)
+            row = {"constant": t.key, "source": t.source, "end": end, "base_value": base_value(cfg, costs, t.key),
+                   "value": float(value)}
+            row.update(got)
+            row.update({f"d_{k}_pct": _pct(got[k], base[k]) for k in METRICS})
+            rows.append(row)
+    return rows, skipped
+
+
 def base_value(cfg, costs, key: str) -> float:
     """The resolved value of `key` in this config (cost model after calibration, presets, defaults)."""
     section, name = key.split(".", 1)
@@ -172,10 +267,12 @@ def run(config, overrides: list[str] | None = None, calibration=None, full: bool
             rows.append(row)
         if progress is not None:
             progress(i + 1, len(todo))
+    topo, topo_skipped = topology_rows(tree, cfg, costs, calibration, base)
     spread = {c: max(abs(r["d_throughput_tok_s_pct"]) for r in rows if r["constant"] == c) for c in
               {r["constant"] for r in rows}}
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "config": tree,
             "small_workload": None if full else list(SMALL_WORKLOAD), "factors": list(FACTORS), "base": base,
             "admission_probe": list(ADMISSION_PROBE), "rows": rows, "skipped": skipped, "ranking": sorted(spread, key=spread.get, reverse=True),
-            "cost_model": costs.provenance, "replays": 1 + len(rows), "wall_s": time.perf_counter() - t0,
+            "topology_rows": topo, "topology_skipped": topo_skipped,
+            "cost_model": costs.provenance, "replays": 1 + len(rows) + len(topo), "wall_s": time.perf_counter() - t0,
             "load": list(os.getloadavg())}

@@ -68,6 +68,19 @@ def _run(args: argparse.Namespace) -> int:
         for r in sorted(result["rows"], key=lambda r: result["ranking"].index(r["constant"])):
             print(f"{r['constant']:34s} {r['factor']:4.1f} {r['d_throughput_tok_s_pct']:8.2f} {r['d_tpot_ms_pct']:9.2f} "
                   f"{r['d_admitted_pct']:8.2f}")
+        _print_topology(result)
         print(f"wrote {args.out}/sensitivity.csv, .parquet, .json ({result['replays']} replays, "
               f"{result['wall_s']:.0f} s)")
     return 0
+
+
+def _print_topology(result: dict) -> None:
+    """The node-topology values at the ends of their plausible ranges (sim/sensitivity.py TOPOLOGY)."""
+    rows = result.get("topology_rows") or []
+    if not rows:
+        return
+    print("node topology (low .. high end of each value's sourced range):")
+    print(f"{'value':34s} {'end':>4s} {'at':>10s} {'d thr %':>8s} {'d TPOT %':>9s}")
+    for r in rows:
+        print(f"{r['constant']:34s} {r['end']:>4s} {r['value']:10.4g} {r['d_throughput_tok_s_pct']:8.2f} "
+              f"{r['d_tpot_ms_pct']:9.2f}")

@@ -97,3 +97,39 @@ def test_tornado_figure_and_report_section(sens_dir, tmp_path):
     index = build_report(out.parent, tmp_path / "report")
     page = index.read_text()
     assert "Sensitivity to assumed constants" in page and (tmp_path / "report" / "tornado_0.png").exists()
+
+
+def test_topology_ranges_apply_to_host_traffic_and_read_back(monkeypatch):
+    """Node-topology values act only where KV crosses PCIe (UlaCache, HiSparse); each end of each range is a valid
+    override of the config, and its row carries the replay's figures against the base."""
+    from sim.config import load_config
+
+    ula = build(resolve({**TINY, "system": "ulacache", "attention": "tp", "hardware": {"preset": "b300"}}))
+    costs = CostModel.load(ula.hardware, ula.model)
+    ranges = {t.key: t.bounds(ula, costs) for t in sensitivity.TOPOLOGY}
+    assert all(v is not None for v in ranges.values())
+    assert ranges["hardware.pcie_bw_bytes_s"] == (55.5e9, 111e9) and ranges["hardware.gpus_per_switch"] == (1, 2)
+    lo, hi = ranges["costs.pcie_host_cap_bytes_s"]
+    assert lo == pytest.approx(costs["pcie_host_cap_bytes_s"] / 2) and hi >= costs["pcie_host_cap_bytes_s"]
+    sg = build(resolve(TINY))
+    assert all(t.bounds(sg, CostModel.load(sg.hardware, sg.model)) is None for t in sensitivity.TOPOLOGY)
+    h200 = build(resolve({**TINY, "system": "hisparse"}))
+    assert {t.key for t in sensitivity.TOPOLOGY if t.bounds(h200, CostModel.load(h200.hardware, h200.model))} == {
+        t.key for t in sensitivity.TOPOLOGY} - {"hardware.pcie_bw_bytes_s"}  # H200's Gen5 link is measured
+    tree = resolve({**TINY, "system": "ulacache", "attention": "tp", "hardware": {"preset": "b300"}})
+    seen = []
+
+    def fake_replay(tree, out, calibration=None, overrides=(), policy_workers=None):
+        seen.append(list(overrides))
+        cfg = build(load_config(tree, list(overrides)))  # the override must build
+        steps = 10.0 if cfg.hardware.pcie_bw_bytes_s > 60e9 else 12.0
+        return {"decode_steps": 10, "decode_tokens": 100, "mean_concurrency": 10.0,
+                "decode_throughput_tok_s": 1000.0 / steps, "step_ms_mean": steps}
+
+    monkeypatch.setattr("sim.replay", fake_replay)
+    base = {"throughput_tok_s": 1000.0 / 12.0, "tpot_ms": 12.0, "admitted": 7.0}
+    rows, skipped = sensitivity.topology_rows(tree, ula, costs, None, base)
+    assert skipped == [] and len(rows) == 2 * len(sensitivity.TOPOLOGY) == len(seen)
+    pcie = {r["end"]: r for r in rows if r["constant"] == "hardware.pcie_bw_bytes_s"}
+    assert pcie["low"]["d_throughput_tok_s_pct"] == pytest.approx(0.0)
+    assert pcie["high"]["d_throughput_tok_s_pct"] == pytest.approx(20.0) and pcie["high"]["admitted"] == 7.0

@@ -28,7 +28,7 @@ def test_presets_place_four_gpus_per_socket_and_b300_host_path_is_gen5():
     assert [topo.switch_of(r) for r in (0, 3, 4)] == [(0, 0), (0, 3), (1, 0)]
     b300 = HARDWARE_PRESETS["b300"]
     assert b300.pcie_bw_bytes_s == HARDWARE_PRESETS["h200"].pcie_bw_bytes_s  # ConnectX-8 uplink: Gen5 x16
-    assert b300.socket_mem_bw_bytes_s == pytest.approx(8 * 6400e6 * 8)  # Xeon 6776P: 8 x DDR5-6400
+    assert b300.socket_mem_bw_bytes_s == pytest.approx(8 * 5200e6 * 8)  # Xeon 6776P: DDR5-5200, 2 DIMMs a channel
     with pytest.raises(ValueError, match="host_kv_remote_fraction"):
         build_hardware("h200", {"host_kv_remote_fraction": 1.5})
     with pytest.raises(ValueError, match="host_kv_remote_fraction"):
@@ -117,7 +117,7 @@ def test_uncalibrated_node_is_modelled_from_the_datasheet_caps_alone():
     4 GPUs swapping at once are slower than one, 8 as slow as 4 (two sockets)."""
     cm = CostModel.load("h200", "glm-5.2", calibration="none")
     caps = node_caps(cm, 8)
-    assert "pcie_host_cap_bytes_s@socket0" not in caps and caps["mem0"] == pytest.approx(307.2e9)
+    assert "pcie_host_cap_bytes_s@socket0" not in caps and caps["mem0"] == pytest.approx(281.6e9)
     tight = dataclasses.replace(cm, hardware=dataclasses.replace(cm.hardware, socket_mem_bw_bytes_s=60e9))
     assert _swap(tight, 4) > _swap(tight, 1) * 1.2
     assert _swap(tight, 8) == pytest.approx(_swap(tight, 4), rel=1e-12)
