@@ -180,7 +180,11 @@ def paper_configs() -> tuple[str, list[str]] | None:
         rows.append(f"| {r['hardware']} | {r['attention']} | {r['spec']} | {r['system']} | "
                     f"{_f(r.get('peak_decode_throughput_tok_s'), 0)} ({cap}) | {_f(r.get('batch1_tpot_ms'), 2)} | "
                     f"{_f(r.get('admitted_at_cap256'), 0)} |")
-    return path.name, rows
+    meta = d.get("meta", {})
+    note = (f"Label `{meta.get('label')}`, model `{meta.get('settings', {}).get('model', meta.get('model', '?'))}`, "
+            f"{_when(meta)} UTC, {_machine(meta)}; the peak is over caps 1/16/64/256 (and 512 on B300 where run); "
+            f"definitions and every run's record are in the JSON, the table beside it in `{path.stem}.md`.")
+    return path.name, [note, ""] + rows
 
 
 SUITE = (  # (title, script, result file, renderer)
