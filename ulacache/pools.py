@@ -181,6 +181,12 @@ class Pool:
         free slot by its edge words and a compare of the whole words between, then claimed by clearing those bits
         (whole words at once); what select_first returns, the same state after. None, with nothing changed, when
         some rank's are not one run (or it has fewer free slots than asked)."""
+        runs = self._find_runs(counts)
+        return None if runs is None else self._claim_runs(runs)
+
+    def _find_runs(self, counts: list) -> list | None:
+        """`_take_runs`' check, every rank before any slot is claimed: per rank asked (r, its lowest free slot p,
+        k = counts[r], the words a and b of the run's first and last slot), or None when some rank's are not one run."""
         iu, cap, slots, low = self.in_use.tolist(), self.cap, self.slots, self.low.tolist()  # (storage reserved)
         wpr = cap >> 6
         words = self.free.view("<u8")
@@ -214,7 +220,15 @@ class Pool:
                 if b > a + 1 and not _all_free(words[a + 1:b]):
                     return None
             runs.append((r, p, k, a, b))
-        found, high = [0] * self.R, self.high.tolist()
+        return runs
+
+    def _claim_runs(self, runs: list) -> tuple[np.ndarray, np.ndarray]:
+        """`_take_runs`' claim of the runs `_find_runs` found: their bits cleared, the counters moved; the slots taken
+        (grouped by rank, ascending) and found per rank."""
+        iu, cap, low, high = self.in_use.tolist(), self.cap, self.low.tolist(), self.high.tolist()
+        words = self.free.view("<u8")
+        item = words.item
+        found = [0] * self.R
         for r, p, k, a, b in runs:  # claim: clear the runs' bits
             t = p & 63
             if a == b:

@@ -54,6 +54,30 @@ def _fill_few(free: list, n: int) -> list:
     return take
 
 
+def _few_token_ranks(cnt: list, rk: list, tp: bool, gfree: list, cfree: list) -> tuple[list, int, list]:
+    """`_alloc_few`'s ranks: (each token's rank, tokens to the GPU tiers (TP: tokens i < ng), tokens per rank);
+    CapacityError when they do not fit. TP: GPU tokens water-filled over the ranks' free GPU slots, ranks taking
+    turns, then CPU tokens likewise; DP: each request's rank."""
+    R, n = len(gfree), sum(cnt)
+    per_rank, ng = [0] * R, 0
+    if tp:
+        gsum, csum = sum(gfree), sum(cfree)
+        if n > gsum + csum:
+            raise CapacityError(f"cannot allocate {n} tokens: {gsum + csum} slots free over all ranks")
+        g_take = _fill_few(gfree, min(n, gsum))
+        ng = sum(g_take)
+        tok_rank = _interleave_few(g_take) + _interleave_few(_fill_few(cfree, n - ng))
+    else:
+        tok_rank = [r for r, c in zip(rk, cnt) for _ in range(c)]
+    for r in tok_rank:
+        per_rank[r] += 1
+    if not tp:
+        for r in range(R):  # loop over ranks
+            if per_rank[r] > gfree[r] + cfree[r]:
+                raise CapacityError(f"cannot allocate {per_rank[r]} tokens on rank {r}: {gfree[r] + cfree[r]} slots free")
+    return tok_rank, ng, per_rank
+
+
 def _runs(quota: list, offset: int) -> list:
     """Per rank, the positions (+ offset) `interleave(quota)` gives it, as ascending strided slices: between two
     consecutive quota levels the ranks still taking turns are fixed, so each takes every m-th position of that
@@ -146,19 +170,38 @@ class ExclusivePolicy:
             g_take = water_fill(gfree, min(n, int(gfree.sum())))
             c_take = water_fill(cfree, n - int(g_take.sum()))
             return self._alloc_tp(request_ids, counts, g_take.tolist(), c_take.tolist())
-        else:
-            per_rank = np.bincount(ranks, weights=counts, minlength=R).astype(np.int64)
-            short = np.flatnonzero(per_rank > gfree + cfree)
-            if short.size:
-                r = int(short[0])
-                raise CapacityError(f"cannot allocate {int(per_rank[r])} tokens on rank {r}: {int(gfree[r] + cfree[r])} slots free")
+        per_rank = np.bincount(ranks, weights=counts, minlength=R).astype(np.int64)
+        short = np.flatnonzero(per_rank > gfree + cfree)
+        if short.size:
+            r = int(short[0])
+            raise CapacityError(f"cannot allocate {int(per_rank[r])} tokens on rank {r}: {int(gfree[r] + cfree[r])} slots free")
+        self.space.reserve(per_rank)  # one re-layout of the address tables for every rank that grows
+        addrs, places, g_counts, gi = self._alloc_dp(counts, ranks, per_rank, gfree, n)
+        gidx, _ = self.gpu.take_free(be, g_counts)
+        places[gi] = self.gpu.places(gidx)
+        self.gpu.num_free -= g_counts
+        self.gpu.own[gidx] = addrs[gi]
+        self.gpu.touch(gidx, self._clock(self.step))
+        self._on_alloc(gidx)
+        self.space.set_places(addrs, places)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
+            req = self.space.request(rid, int(ranks[i]))
+            self.space.register(rid, req, addrs[offsets[i]:offsets[i + 1]])
+        return addrs
+
+    def _alloc_dp(self, counts: np.ndarray, ranks: np.ndarray, per_rank: np.ndarray, gfree: np.ndarray,
+                  n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`alloc_many` in DP once the room is checked: each rank's tokens take its next addresses in token order,
+        its first gfree[r] the GPU tier, the others CPU places (set here). (addrs, places, GPU tokens per rank,
+        the GPU tokens' positions grouped by rank, like select_first's output)."""
+        R = self.cfg.num_ranks
         addrs = np.empty(n, dtype=np.int64)
         places = np.empty(n, dtype=np.int64)
         g_counts = np.zeros(R, dtype=np.int64)
-        self.space.reserve(per_rank)  # one re-layout of the address tables for every rank that grows
         bounds = np.concatenate([[0], np.cumsum(per_rank)]).tolist()
         live = ranks[counts > 0]
-        if not tp and bool((live[1:] >= live[:-1]).all()):  # tokens grouped by rank already (a prompt): slices
+        if bool((live[1:] >= live[:-1]).all()):  # tokens grouped by rank already (a prompt): slices
             for r in range(R):  # loop over ranks
                 lo, hi = bounds[r], bounds[r + 1]
                 if lo == hi:
@@ -170,35 +213,21 @@ class ExclusivePolicy:
                 self.pending_d2h[r] += hi - lo - g
             start = np.array(bounds[:-1], dtype=np.int64)
             gi = np.repeat(start - (np.cumsum(g_counts) - g_counts), g_counts) + np.arange(int(g_counts.sum()))
-        else:
-            if not tp:
-                tok_rank, tok_gpu = np.repeat(ranks, counts), np.zeros(n, dtype=bool)
-            # Tokens grouped by rank, ascending within a rank (one radix sort on narrow keys, not a scan per rank).
-            by_rank = np.argsort(tok_rank.astype(_small_int(R)), kind="stable")
-            for r in range(R):  # loop over ranks
-                if bounds[r] == bounds[r + 1]:
-                    continue
-                idx = by_rank[bounds[r]:bounds[r + 1]]
-                addrs[idx] = self.space.pop_ids(r, idx.size)
-                if not tp:
-                    tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
-                g_counts[r] = int(tok_gpu[idx].sum())
-                ci = idx[~tok_gpu[idx]]
-                places[ci] = self.cpu.free[r].pop(ci.size)
-                self.pending_d2h[r] += ci.size
-            gi = by_rank[tok_gpu[by_rank]]  # GPU tokens grouped by rank, like select_first's output
-        gidx, _ = self.gpu.take_free(be, g_counts)
-        places[gi] = self.gpu.places(gidx)
-        self.gpu.num_free -= g_counts
-        self.gpu.own[gidx] = addrs[gi]
-        self.gpu.touch(gidx, self._clock(self.step))
-        self._on_alloc(gidx)
-        self.space.set_places(addrs, places)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
-        for i, rid in enumerate(request_ids):  # loop over requests (bookkeeping only)
-            req = self.space.request(rid, int(ranks[i]) if not tp else 0)
-            self.space.register(rid, req, addrs[offsets[i]:offsets[i + 1]])
-        return addrs
+            return addrs, places, g_counts, gi
+        tok_rank, tok_gpu = np.repeat(ranks, counts), np.zeros(n, dtype=bool)
+        # Tokens grouped by rank, ascending within a rank (one radix sort on narrow keys, not a scan per rank).
+        by_rank = np.argsort(tok_rank.astype(_small_int(R)), kind="stable")
+        for r in range(R):  # loop over ranks
+            if bounds[r] == bounds[r + 1]:
+                continue
+            idx = by_rank[bounds[r]:bounds[r + 1]]
+            addrs[idx] = self.space.pop_ids(r, idx.size)
+            tok_gpu[idx[: min(idx.size, int(gfree[r]))]] = True
+            g_counts[r] = int(tok_gpu[idx].sum())
+            ci = idx[~tok_gpu[idx]]
+            places[ci] = self.cpu.free[r].pop(ci.size)
+            self.pending_d2h[r] += ci.size
+        return addrs, places, g_counts, by_rank[tok_gpu[by_rank]]
 
     def _alloc_tp(self, request_ids: list[int], counts: np.ndarray, g_take: list, c_take: list) -> np.ndarray:
         """`alloc_many` in TP once the GPU and CPU tokens per rank are known: tokens i < sum(g_take) go to the GPU
@@ -258,22 +287,7 @@ class ExclusivePolicy:
         R, gpu, space = self.cfg.num_ranks, self.gpu, self.space
         gfree, cfree = gpu.num_free.tolist(), [len(f) for f in self.cpu.free]
         n = sum(cnt)
-        per_rank = [0] * R
-        if tp:
-            gsum, csum = sum(gfree), sum(cfree)
-            if n > gsum + csum:
-                raise CapacityError(f"cannot allocate {n} tokens: {gsum + csum} slots free over all ranks")
-            g_take = _fill_few(gfree, min(n, gsum))
-            ng = sum(g_take)
-            tok_rank = _interleave_few(g_take) + _interleave_few(_fill_few(cfree, n - ng))
-        else:
-            tok_rank = [r for r, c in zip(rk, cnt) for _ in range(c)]
-        for r in tok_rank:
-            per_rank[r] += 1
-        if not tp:
-            for r in range(R):  # loop over ranks
-                if per_rank[r] > gfree[r] + cfree[r]:
-                    raise CapacityError(f"cannot allocate {per_rank[r]} tokens on rank {r}: {gfree[r] + cfree[r]} slots free")
+        tok_rank, ng, per_rank = _few_token_ranks(cnt, rk, tp, gfree, cfree)
         space.reserve(per_rank)
         tokens = [[] for _ in range(R)]
         for i, r in enumerate(tok_rank):
@@ -351,36 +365,12 @@ class ExclusivePolicy:
 
     # -- access --------------------------------------------------------------------------------------------------------
     def access(self, plan: Plan, places: np.ndarray, ix: np.ndarray | None = None) -> None:
-        be, R, gpu = self.be, self.cfg.num_ranks, self.gpu
+        R, gpu = self.cfg.num_ranks, self.gpu
         uniq, now = plan.addrs, plan.now
-        # Every entry GPU-resident (a warm batch) when the largest place is a GPU place (places are >= 0: the facade
-        # refused unallocated addresses): one reduction instead of a hit mask and its scan; no miss arrays to build.
-        if not places.size or int(places.max()) < gpu.num_places:
-            hit_places = places.astype(np.int64)
-            miss_addrs, miss_src = NO_INDICES, NO_INDICES
-            m_counts = self._no_rows
-        else:
-            hit = be.to_numpy(be.hit_mask(be.asarray(places), gpu.num_places))
-            # nonzero + take: measured ~5x faster than boolean-mask indexing on ~1M elements.
-            hit_idx = hit.nonzero()[0]
-            miss_idx = (~hit).nonzero()[0]
-            hit_places = places.take(hit_idx).astype(np.int64)
-            miss_addrs, miss_src = uniq.take(miss_idx), places.take(miss_idx).astype(np.int64)
-            if R > 1:  # misses are in their home ranks' CPU pools, and homes are ascending address ranges
-                cuts = miss_addrs.searchsorted(self.space.home_starts)
-                m_counts = cuts[1:] - cuts[:-1]
-            else:
-                m_counts = np.array([miss_addrs.size], dtype=np.int64)
+        hit_places, miss_addrs, miss_src, m_counts = self._split_hits(uniq, places)
         n_hit, n_miss = hit_places.size, miss_addrs.size
         if n_hit + n_miss > self.cfg.gpu_slots:  # some rank may need more than its slots: count per rank
-            cuts = uniq.searchsorted(self.space.home_starts)  # a rank's hits + misses: its home's addresses
-            over = np.flatnonzero(cuts[1:] - cuts[:-1] > self.cfg.gpu_slots)
-            if over.size:
-                r = int(over[0])
-                raise CapacityError(
-                    f"access batch needs {int(cuts[r + 1] - cuts[r])} distinct entries in rank {r}'s GPU pool "
-                    f"of {self.cfg.gpu_slots} slots"
-                )
+            self._check_fits(uniq)
         if n_miss:
             gpu.reserve(m_counts)  # any storage growth before positions are taken
         hit_gidx = gpu.idx(hit_places)
@@ -411,6 +401,39 @@ class ExclusivePolicy:
         plan.move_dst = np.concatenate([dests, v_src])
         plan.policy_state = ExchangeState(hit_places, miss_addrs, miss_src, dests, victims, hit_gidx,
                                           self._touched_hits(hit_gidx), dest_gidx)
+
+    def _split_hits(self, uniq: np.ndarray, places: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                          np.ndarray]:
+        """(hits' GPU places, misses' addresses, misses' CPU places, misses per home rank) of a batch's distinct
+        addresses and their places."""
+        be, R, gpu = self.be, self.cfg.num_ranks, self.gpu
+        # Every entry GPU-resident (a warm batch) when the largest place is a GPU place (places are >= 0: the facade
+        # refused unallocated addresses): one reduction instead of a hit mask and its scan; no miss arrays to build.
+        if not places.size or int(places.max()) < gpu.num_places:
+            return places.astype(np.int64), NO_INDICES, NO_INDICES, self._no_rows
+        hit = be.to_numpy(be.hit_mask(be.asarray(places), gpu.num_places))
+        # nonzero + take: measured ~5x faster than boolean-mask indexing on ~1M elements.
+        hit_idx = hit.nonzero()[0]
+        miss_idx = (~hit).nonzero()[0]
+        hit_places = places.take(hit_idx).astype(np.int64)
+        miss_addrs, miss_src = uniq.take(miss_idx), places.take(miss_idx).astype(np.int64)
+        if R > 1:  # misses are in their home ranks' CPU pools, and homes are ascending address ranges
+            cuts = miss_addrs.searchsorted(self.space.home_starts)
+            m_counts = cuts[1:] - cuts[:-1]
+        else:
+            m_counts = np.array([miss_addrs.size], dtype=np.int64)
+        return hit_places, miss_addrs, miss_src, m_counts
+
+    def _check_fits(self, uniq: np.ndarray) -> None:
+        """CapacityError when some rank's share of the batch's distinct addresses exceeds its GPU slots."""
+        cuts = uniq.searchsorted(self.space.home_starts)  # a rank's hits + misses: its home's addresses
+        over = np.flatnonzero(cuts[1:] - cuts[:-1] > self.cfg.gpu_slots)
+        if over.size:
+            r = int(over[0])
+            raise CapacityError(
+                f"access batch needs {int(cuts[r + 1] - cuts[r])} distinct entries in rank {r}'s GPU pool "
+                f"of {self.cfg.gpu_slots} slots"
+            )
 
     def commit(self, plan: Plan) -> None:
         st, gpu, space, now = plan.policy_state, self.gpu, self.space, plan.now
