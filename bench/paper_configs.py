@@ -82,7 +82,7 @@ def config_of(hw: str, att: str, draft: int, system: str, cap: int, requests_per
 
 def run_config(run: dict, args) -> dict:
     return config_of(run["hardware"], run["attention"], run["draft_tokens"], run["system"], run["cap"],
-                     args.requests_per_cap, args.steps_on, args.steps_off, args.model)
+                     args.requests_per_cap, args.steps_on, args.steps_off, getattr(args, "model", "glm-5"))
 
 
 def grid(caps=CAPS, b300_extra_caps=()) -> list[dict]:
