@@ -29,11 +29,15 @@ DERIVATIONS: dict[str, tuple[str, float]] = {
     "mgmt_per_unique_s": ("hbm_bw_bytes_s", -1.0),
     "mgmt_per_miss_s": ("hbm_bw_bytes_s", -1.0),
     "hisparse_per_ref_s": ("hbm_bw_bytes_s", -1.0),
+    "hisparse_mtp_per_ref_s": ("hbm_bw_bytes_s", -1.0),  # (hash lookups in HBM, as the non-MTP kernel's)
 }
 # table key -> rule for every value: HiSparse's swap-in rate is set by its blocks' bytes in flight over the PCIe read
 # latency (one block per request), which a faster link does not raise: its absolute rate is carried, so its share of a
 # link r times faster is divided by r.
-TABLE_DERIVATIONS: dict[str, tuple[str, float]] = {"hisparse_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
+# The MTP gather (128 blocks per request) gets the same rule, an assumption (no B300 measured): conservative where it
+# is link-bound on the faster link.
+TABLE_DERIVATIONS: dict[str, tuple[str, float]] = {"hisparse_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0),
+                                                   "hisparse_mtp_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
 
 
 def read(path: Path) -> tuple[dict, dict]:

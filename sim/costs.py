@@ -19,10 +19,11 @@ from traces.strict_yaml import read_yaml_file
 
 DEFAULTS_PATH = Path(__file__).with_name("costs.yaml")
 _TABLE_KEYS = ("h2d_row_efficiency_by_bytes", "d2h_row_efficiency_by_bytes", "peer_row_efficiency_by_bytes",
-               "hisparse_swapin_efficiency_by_batch")
+               "hisparse_swapin_efficiency_by_batch", "hisparse_mtp_swapin_efficiency_by_batch")
 _FRACTION_KEYS = ("hbm_efficiency", "flops_efficiency", "h2d_row_efficiency", "d2h_row_efficiency",
                   "peer_row_efficiency", "hisparse_swapin_efficiency")
-OPTIONAL_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s")  # null = no cap
+OPTIONAL_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s",  # null = no cap
+                 "hisparse_mtp_swapin_fixed_s", "hisparse_mtp_per_ref_s")  # null = the non-MTP kernel's value
 NO_CALIBRATION = "none"  # `calibration="none"` (or `--calibration none`): the uncalibrated sim/costs.yaml defaults
 
 
@@ -181,33 +182,43 @@ class CostModel:
     def peer_link_bytes(self, num_rows: float, row_bytes: float) -> float:
         return num_rows * row_bytes / self._efficiency("peer", row_bytes)
 
-    def hisparse_swapin_efficiency(self, batch: float) -> float:
-        """Share of the PCIe H2D ceiling HiSparse's swap-in kernel reaches with `batch` requests (one thread block,
-        30 warps, per request copy missed rows straight from pinned host memory): the calibration's per-batch table
-        (hw: SGLang-shaped kernel), else the scalar fallback (the naive zero-copy gather, docs/architecture.md)."""
-        key = ("hisparse_swapin", batch)
+    def _hisparse(self, role: str, mtp: bool):
+        """A HiSparse swap-in constant: with `mtp`, SGLang's MTP launch pair's (`hisparse_mtp_<role>`) where
+        measured, else the non-MTP kernel's (`hisparse_<role>`)."""
+        if mtp:
+            value = self.values.get(f"hisparse_mtp_{role}")
+            if value is not None and value != {}:
+                return value
+        return self.values[f"hisparse_{role}"]
+
+    def hisparse_swapin_efficiency(self, batch: float, mtp: bool = False) -> float:
+        """Share of the PCIe H2D ceiling HiSparse's swap-in copies reach with `batch` requests: the calibration's
+        per-batch table (non-MTP: one thread block per request copies its misses from pinned host memory; MTP: the
+        multi-block gather of the unique misses, where measured), else the scalar fallback (the naive zero-copy
+        gather, docs/architecture.md)."""
+        key = ("hisparse_swapin", batch, mtp)
         eff = self._lookups.get(key)
         if eff is None:
-            table = self.values.get("hisparse_swapin_efficiency_by_batch") or {}
+            table = self._hisparse("swapin_efficiency_by_batch", mtp) or {}
             eff = _log_interp(max(batch, 1.0), table) if table else float(self.values["hisparse_swapin_efficiency"])
             self._lookups[key] = eff
         return eff
 
-    def hisparse_swapin_link_bytes(self, num_rows: float, row_bytes: float, batch: float) -> float:
+    def hisparse_swapin_link_bytes(self, num_rows: float, row_bytes: float, batch: float, mtp: bool = False) -> float:
         """PCIe occupancy of the swap-in's copies: what the link carries (the calibrated exchange efficiency, or the
         swap-in's own where higher). Its rate limit at small batch is not link occupancy (a few blocks cannot fill
         the link, others may use it): that excess is `hisparse_swapin_excess_s`, on the compute stream."""
-        eff = max(self.hisparse_swapin_efficiency(batch), self._efficiency("h2d", row_bytes))
+        eff = max(self.hisparse_swapin_efficiency(batch, mtp), self._efficiency("h2d", row_bytes))
         return num_rows * row_bytes / eff
 
-    def hisparse_swapin_excess_s(self, num_rows: float, row_bytes: float, batch: float) -> float:
+    def hisparse_swapin_excess_s(self, num_rows: float, row_bytes: float, batch: float, mtp: bool = False) -> float:
         """Time the swap-in kernel's copies take beyond the link's own time: rows / (bandwidth x efficiency(batch))
         minus the occupancy's time, when its blocks are too few to fill the link."""
         if num_rows <= 0:
             return 0.0
         bw = self.values["pcie_h2d_bw_bytes_s"]
-        alone = num_rows * row_bytes / (bw * self.hisparse_swapin_efficiency(batch))
-        return max(0.0, alone - self.hisparse_swapin_link_bytes(num_rows, row_bytes, batch) / bw)
+        alone = num_rows * row_bytes / (bw * self.hisparse_swapin_efficiency(batch, mtp))
+        return max(0.0, alone - self.hisparse_swapin_link_bytes(num_rows, row_bytes, batch, mtp) / bw)
 
     def h2d_s(self, num_rows: float, row_bytes: float) -> float:
         """Scattered rows pinned host -> GPU, alone on the link (0 rows: no transfer)."""
@@ -242,17 +253,17 @@ class CostModel:
         return (self.launch_s(v["mgmt_kernels"]) + v["mgmt_per_ref_s"] * num_refs
                 + v["mgmt_per_unique_s"] * num_unique + v["mgmt_per_miss_s"] * num_misses)
 
-    def hisparse_management_s(self, num_refs: float, num_calls: int = 1) -> float:
-        """HiSparse's per-layer swap-in kernel (one graph kernel, one thread block per request): hash the top-k, mark
-        hits, move hits to MRU, give misses LRU slots -- `hisparse_swapin_fixed_s` (a block scans its whole LRU buffer:
-~60 us measured at batch 1) per kernel call (`num_calls`: verify tokens go in chunks the buffer holds) +
-        `hisparse_per_ref_s` per top-k reference. Its copies are
-        `hisparse_swapin_link_bytes` on the PCIe link (the same kernel, serial with the layer's compute)."""
-        v = self.values
+    def hisparse_management_s(self, num_refs: float, num_calls: int = 1, mtp: bool = False) -> float:
+        """HiSparse's swap-in on one layer, without its copies: `num_calls` x the fixed time of one call + the per
+        reference time x `num_refs` (top-k references; MTP: every occurrence of every verify token). Non-MTP, a call is
+        one fused kernel (hash plan + LRU + copy; `hisparse_swapin_fixed_s`, at least one graph kernel); MTP
+        (`mtp`), one gather + commit launch pair for all verify tokens (`hisparse_mtp_swapin_fixed_s`, at least two
+        graph kernels). The fixed times were measured as whole kernel times (host memory read by the kernel itself):
+        no copy-call latency is added to its copies (sim/timing.py `h2d_pays_latency`)."""
         if num_refs <= 0:
             return 0.0
-        fixed = max(self.kernel_overhead_s(1), v["hisparse_swapin_fixed_s"])  # the measured fixed part includes launch
-        return num_calls * fixed + v["hisparse_per_ref_s"] * num_refs
+        fixed = max(self.kernel_overhead_s(2 if mtp else 1), self._hisparse("swapin_fixed_s", mtp))
+        return num_calls * fixed + self._hisparse("per_ref_s", mtp) * num_refs
 
     # ------------------------------------------------------------------ model compute (one GPU, one layer)
     def indexer_s(self, num_keys: float, num_query_keys: float) -> float:

@@ -455,7 +455,7 @@ class Engine:
             allgather_s=float(shared["allgather_s"]),
             attention_s=float(costs.attention_s(qtok, b.ref_rank[r], shared["heads"]) if qtok else 0.0),
             ffn_s=float(shared["ffn_s"]), collective_s=float(shared["collective_s"]),
-            prefetch=sysm.prefetch, d2h_blocking=sysm.prefetch)
+            prefetch=sysm.prefetch, d2h_blocking=sysm.d2h_blocking, h2d_pays_latency=sysm.h2d_pays_latency)
 
     def _passes(self, b: Batch, r: int, rt: dict | None, rows, vals, common: dict, shared: dict) -> list[tuple[dict, dict]]:
         """(compute, links) of each pass of one group: one; or p when the policy served the access batch in p

@@ -141,6 +141,13 @@ class System:
     prefetch = False  # one plan per indexer group, the group's other layers' data moved ahead on a copy stream
     partitioned_homes = False  # under TP each entry is stored once (on its home rank), not replicated per rank
     sized_by_union = False  # sizing reads the workload's verify-token union (`measure_union_slots`)
+    h2d_pays_latency = True  # its H2D rows move in a copy call paying `pcie_latency_s` (sim/timing.py GroupWork)
+
+    @property
+    def d2h_blocking(self) -> bool:
+        """Its D2H rows gate the layer that waits for its transfers (UlaCache's fused swap writes victims back in
+        the exchange kernel); False where they run on a side stream."""
+        return self.prefetch
 
     def __init__(self, cfg: SimConfig, budget: Budget, mean_request_tokens: float,
                  union_slots_per_request: float | None = None, max_request_tokens: float | None = None):
@@ -273,32 +280,92 @@ class SGLang(System):
 
 
 class HiSparse(System):
-    """SGLang HiSparse: full history in pinned host memory, a fixed device buffer per running request, the index
-    keys of the whole logical pool on the GPU; replicated per rank under TP attention."""
+    """SGLang HiSparse: full history in pinned host memory, a device buffer per running request, the index keys of
+    the whole logical pool on the GPU; replicated per rank under TP attention.
+
+    Sizing as SGLang sizes it (sim/COSTS.md "HiSparse sizing"): a device pool of S slots and an integer
+    `host_to_device_ratio` r give a logical (= host) pool of r S slots whose index keys stay on the GPU:
+    S KV + r S index <= GPU budget, r S KV <= CPU budget (below the GPU's S, the device pool is made smaller, as a
+    lower `--mem-fraction-static` would). Admission needs a logical slot per token and a device buffer per request.
+    Unless `hisparse.host_to_device_ratio` is given, r is chosen per concurrency cap as UlaCache's pools are: the
+    smallest r whose logical pool holds what the cap's requests can use (each at the workload's longest history)
+    with the cap's device buffers in S, else the r that admits the most requests."""
 
     name = "hisparse"
     uses_policy = True
+    h2d_pays_latency = False  # the swap-in kernel reads pinned host memory itself: its fixed time is its management
+    d2h_blocking = False  # decode backups run on SGLang's decode_backup_stream
     cost_keys = frozenset({"hisparse_per_ref_s", "hisparse_swapin_efficiency", "hisparse_swapin_efficiency_by_batch",
-                           "hisparse_swapin_fixed_s"})
+                           "hisparse_swapin_fixed_s", "hisparse_mtp_swapin_fixed_s", "hisparse_mtp_per_ref_s",
+                           "hisparse_mtp_swapin_efficiency_by_batch"})
+
+    @property
+    def mtp(self) -> bool:
+        """SGLang's MTP swap-in serves the step (hisparse_mtp.py): 2-4 verify tokens, 1024 <= top_k <= the device
+        buffer, verify tokens x top_k <= 8192. Then one gather + commit launch pair per layer resolves every verify
+        token and copies the unique misses once."""
+        k, buf = self.cfg.model.top_k, self.cfg.hisparse.device_buffer_slots
+        return 2 <= self.q <= 4 and 1024 <= k <= buf and self.q * k <= 8192
+
+    @property
+    def prefetch(self) -> bool:
+        """IndexShare without speculative decoding: the group's anchor layer plans its misses (one swap-in kernel) and
+        each skip layer replays the copies on SGLang's prefetch stream while earlier layers compute (the engine's
+        prefetch timing). Under speculative decoding that replay is off (SGLang main line): every layer runs its own
+        swap-in on the compute stream, in series."""
+        return self.q == 1
+
+    def device_slots_per_request(self) -> int:
+        """Device slots a running request holds: its hot buffer + one page for the newest tokens, + under speculative
+        decoding the staging ring SGLang's MTP coordinator carves at admission (`hisparse_spec_ring_capacity`:
+        ((4 x reserve + page - 1) // page + 1) pages; the reserve per decode taken as the verify tokens)."""
+        h = self.cfg.hisparse
+        per = h.device_buffer_slots + h.page_slots
+        if self.q > 1:
+            per += ((4 * self.q + h.page_slots - 1) // h.page_slots + 1) * h.page_slots
+        return per
+
+    def pools_at(self, ratio: int) -> tuple[float, float]:
+        """(device slots S, logical slots r S) per rank at host_to_device_ratio r: S fills the GPU budget with its
+        index buffer, unless the CPU budget cannot hold r S (then S = CPU slots / r)."""
+        kv, ix = self.kv_tok, self.ix_tok
+        device = min(self.budget.gpu_kv_bytes_per_gpu / (kv + ratio * ix), self.budget.cpu_kv_bytes_per_gpu / kv / ratio)
+        return device, ratio * device
+
+    def ratio_for_cap(self, running: int, per_request: int) -> int:
+        """The per-cap ratio (class docstring): admitted requests per space at ratio r are min(logical / mean history,
+        S / device slots per request, the cap); the smallest r reaching the most wins, unless a smaller r already
+        holds what the cap can use."""
+        want = running * (self.max_tokens + self.q)  # what the cap's requests can hold (UlaCache's `want`)
+        best, best_n = 1, -1.0
+        for r in range(1, 1025):
+            device, logical = self.pools_at(r)
+            if logical >= want and device >= running * per_request:
+                return r
+            n = min(logical / max(self.mean_tokens, 1.0), device / per_request, float(running))
+            if n > best_n * (1 + 1e-12):
+                best, best_n = r, n
+            if device < per_request:
+                break
+        return best
 
     def size(self) -> Capacity:
         h = self.cfg.hisparse
         spaces, ranks = self.spaces()
-        ratio = h.host_to_device_ratio
-        bg, host = self.budget.gpu_kv_bytes_per_gpu, self.budget.cpu_kv_bytes_per_gpu / self.kv_tok
-        # the index buffer covers the logical pool: ratio x device slots, or the host pool when that is smaller
-        # (then the GPU bytes the index keys would have taken beyond it go to the device pool)
-        device = bg / (self.kv_tok + ratio * self.ix_tok)
-        if ratio * device > host:
-            device = (bg - host * self.ix_tok) / self.kv_tok
-        logical = min(ratio * device, host)
-        per_request = h.device_buffer_slots + h.page_slots
+        per_request = self.device_slots_per_request()
+        running = h.max_running_requests or math.ceil(self.cfg.workload.max_concurrency / spaces)
+        ratio = int(h.host_to_device_ratio) if h.host_to_device_ratio else self.ratio_for_cap(running, per_request)
+        device, logical = self.pools_at(ratio)
+        if device < per_request:
+            raise ValueError(f"hisparse device pool ({device:.0f} slots per GPU at host_to_device_ratio {ratio}) cannot "
+                             f"hold one request's device buffer ({per_request} slots)")
         max_running = h.max_running_requests or INF
         return Capacity(spaces, ranks, logical, reserve_slots_per_request=per_request,
                         reserve_capacity_per_space=device, max_requests_per_space=max_running,
                         history_copies=ranks, gpu_pool_slots=int(device), cpu_pool_slots=int(logical),
                         device_buffer_slots=h.device_buffer_slots, static_index_slots_per_rank=logical,
-                        notes={"device_tokens_per_rank": device, "logical_tokens_per_rank": logical})
+                        notes={"device_tokens_per_rank": device, "logical_tokens_per_rank": logical,
+                               "host_to_device_ratio": ratio, "max_running_requests_per_space": running})
 
     def index_key_bytes(self, unique_tokens: float) -> float:
         return self.capacity.static_index_slots_per_rank * self.ix_tok * self.n
@@ -309,8 +376,11 @@ class HiSparse(System):
         return self._on_ranks(space, float(num_input))
 
     def query_chunk(self) -> int:
-        """The per-request buffer holds device_buffer_slots distinct entries: with speculative decoding the verify
-        tokens' union can exceed it, so their swap-ins go in chunks of queries that fit (SGLang's draft-zone work)."""
+        """Verify tokens per access of the library's per-request LRU, which holds device_buffer_slots distinct entries
+        a request: under speculative decoding their union can exceed it, so the library takes them in chunks that fit.
+        The chunks' misses add up to the unique misses of the union (a later chunk hits what an earlier one loaded),
+        which SGLang's MTP kernel copies once; its replacement (a sampled CLOCK that protects the whole union) is not
+        the library's LRU (sim/COSTS.md "Cost ledger")."""
         return min(self.q, max(1, self.capacity.device_buffer_slots // self.cfg.model.top_k))
 
     def buffer_copy_slots(self, hist, buffer_peak_rows: float) -> float:
@@ -319,16 +389,22 @@ class HiSparse(System):
         return float(per_req.sum()) * self.capacity.history_copies
 
     def management_s(self, costs, num_refs: float, num_unique: float, num_misses: float, batch: float) -> float:
-        """SGLang's swap-in kernel, per layer: hash + LRU per top-k reference, plus the time its copies (one row per
-        miss) take beyond their link occupancy when its `batch` blocks cannot fill PCIe (`h2d_link_bytes`)."""
+        """SGLang's swap-in on one layer (the anchor layer of a group without speculative decoding, where the skip
+        layers replay its copies on a side stream): its fixed time per call + per reference, plus the time its copies
+        (one row per miss) take beyond their link occupancy when its blocks cannot fill PCIe (`h2d_link_bytes`).
+        MTP: one launch pair for all verify tokens. Outside the MTP kernel's limits (more than 4 verify tokens: SGLang
+        refuses) one non-MTP call per chunk of verify tokens the buffer holds."""
         row = self.cfg.model.kv_bytes_per_token_layer
-        calls = math.ceil(self.q / self.query_chunk())  # one kernel per chunk of verify tokens
+        if self.mtp:
+            return (costs.hisparse_management_s(num_refs, 1, mtp=True)
+                    + costs.hisparse_swapin_excess_s(num_misses, row, batch, mtp=True))
+        calls = math.ceil(self.q / self.query_chunk())
         return costs.hisparse_management_s(num_refs, calls) + costs.hisparse_swapin_excess_s(num_misses, row, batch)
 
     def h2d_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float:
-        """Missed rows copied by the swap-in kernel straight from pinned host memory, one block per request: its
-        PCIe efficiency depends on how many requests (blocks) the kernel has (`hisparse_swapin_efficiency`)."""
-        return costs.hisparse_swapin_link_bytes(num_rows, row_bytes, batch)
+        """Missed rows copied by the swap-in kernel straight from pinned host memory: what the link carries (at
+        the larger of the kernel's efficiency at its batch and the calibrated exchange's; `hisparse_swapin_*`)."""
+        return costs.hisparse_swapin_link_bytes(num_rows, row_bytes, batch, self.mtp)
 
     def cache_config(self, k: int, bound: RunBound):
         from ulacache import CacheConfig

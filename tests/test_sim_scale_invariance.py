@@ -27,8 +27,10 @@ CONFIGS = {
                           "memory": {"gpu_kv_bytes_per_gpu": 2.0e9, "cpu_kv_bytes_per_gpu": 20e9}},
     "ulacache-dp-roomy": {"system": "ulacache", "attention": "dp", "spec": {"draft_tokens": 2},
                           "memory": {"gpu_kv_bytes_per_gpu": 2.0e9, "cpu_kv_bytes_per_gpu": 20e9}},
-    # HiSparse, TP, speculative verify tokens in chunks
-    "hisparse-tp-spec": {"system": "hisparse", "attention": "tp", "spec": {"draft_tokens": 2}},
+    # HiSparse, TP, speculative verify tokens in chunks; SGLang's fixed ratio 8 (the sizing these values were frozen
+    # with: issue 26 chooses the ratio per cap by default)
+    "hisparse-tp-spec": {"system": "hisparse", "attention": "tp", "spec": {"draft_tokens": 2},
+                         "hisparse": {"host_to_device_ratio": 8}},
 }
 
 FROZEN_KEYS = ("completed_requests", "rejected_requests", "max_admitted_concurrency", "decode_steps",
