@@ -6,6 +6,8 @@
 //   3. the m-th missed top-k entry (in top-k order) takes the m-th least recent evictable slot;
 //   4. new LRU order = [unused evictables, missed slots (in miss order), hits (in old LRU order)] (hits -> MRU);
 //   5. each warp copies missed rows straight from pinned host memory (16-B vectors) into the device buffer.
+// With plan_src != 0 it also records the miss plan (host row, device row per miss) that SGLang's IndexShare skip layers
+// replay with `hisparse_copy_planned` (a small fixed grid on a side stream: IO only, no plan, the slot table shared).
 // Requests with L <= H take the fast path (slot = position, no IO). Top-k entries must be distinct, in [0, L).
 // The numpy reference in hw/hisparse.py (`swapin_reference`) is the oracle; it must match bit for bit.
 #define HS_EMPTY (-1)
@@ -55,7 +57,8 @@ extern "C" __global__ void hisparse_swapin(
     const int* __restrict__ topk, const long long* __restrict__ seq_lens, int* __restrict__ buf_tok,
     int* __restrict__ lru, const int* __restrict__ dev_locs, const long long* __restrict__ host_locs,
     long long host_stride, const uint4* __restrict__ host, uint4* __restrict__ dev, int* __restrict__ out_locs,
-    int* __restrict__ miss_count, int K, int H, int vec_per_row, int skip_io) {
+    int* __restrict__ miss_count, int K, int H, int vec_per_row, int skip_io, long long* __restrict__ plan_src,
+    int* __restrict__ plan_dst, int plan_stride) {
   extern __shared__ int smem[];
   const int HSZ = 2 * K;
   int* hkey = smem;
@@ -144,6 +147,10 @@ extern "C" __global__ void hisparse_swapin(
       mtok[m] = x;
       btok[s] = x;
       olocs[lo2 + j] = dloc[s];
+      if (plan_src) {
+        plan_src[(long long)b * plan_stride + m] = host_locs[(long long)b * host_stride + x];
+        plan_dst[(long long)b * plan_stride + m] = dloc[s];
+      }
     }
   }
   __syncthreads();
@@ -166,5 +173,35 @@ extern "C" __global__ void hisparse_swapin(
     const uint4* src = host + host_locs[(long long)b * host_stride + x] * vec_per_row;
     uint4* dst = dev + (long long)dloc[s] * vec_per_row;
     for (int v = lane; v < vec_per_row; v += 32) dst[v] = src[v];
+  }
+}
+
+// IO-only replay of a recorded miss plan (SGLang's copy_cache_planned for IndexShare skip layers): a fixed grid; the
+// warps round-robin over the flattened (request, miss) list so a few blocks spread over every request's misses.
+extern "C" __global__ void hisparse_copy_planned(
+    const long long* __restrict__ plan_src, const int* __restrict__ plan_dst, const int* __restrict__ miss_count,
+    int B, int plan_stride, const uint4* __restrict__ host, uint4* __restrict__ dev, int vec_per_row) {
+  const int lane = threadIdx.x & 31;
+  const int nw_total = gridDim.x * (blockDim.x >> 5);
+  const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int start = 0;  // flat index of the current request's first miss
+  for (int base = 0; base < B; base += 32) {
+    const int r = base + lane;
+    const int c_lane = r < B ? miss_count[r] : 0;
+    const int window = min(32, B - base);
+    for (int j = 0; j < window; j++) {
+      const int c = __shfl_sync(0xffffffffu, c_lane, j);
+      if (c == 0) continue;
+      int m = (w - start) % nw_total;
+      if (m < 0) m += nw_total;
+      const long long* src = plan_src + (long long)(base + j) * plan_stride;
+      const int* dst = plan_dst + (long long)(base + j) * plan_stride;
+      for (; m < c; m += nw_total) {
+        const uint4* from = host + src[m] * vec_per_row;
+        uint4* to = dev + (long long)dst[m] * vec_per_row;
+        for (int v = lane; v < vec_per_row; v += 32) to[v] = from[v];
+      }
+      start += c;
+    }
   }
 }

@@ -47,9 +47,10 @@ def init_state(seq_lens, buffer_slots: int, history_cap: int, seed: int = 0) -> 
 
 
 def swapin_reference(st: SwapState, topk: np.ndarray, host_rows: np.ndarray | None = None,
-                     dev_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     dev_rows: np.ndarray | None = None, plan: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One swap-in of top-k [B, K] (distinct positions in [0, L)); updates `st` (and copies rows into `dev_rows`
-    when given). Returns (out_locs int32 [B, K]: device row serving each entry, miss_count int32 [B])."""
+    when given; fills `plan` = (host row, device row) arrays [B, K] per miss in miss order when given).
+    Returns (out_locs int32 [B, K]: device row serving each entry, miss_count int32 [B])."""
     B, K = topk.shape
     H = st.buffer_slots
     out = np.empty((B, K), dtype=np.int32)
@@ -79,6 +80,9 @@ def swapin_reference(st: SwapState, topk: np.ndarray, host_rows: np.ndarray | No
         out[b, miss_idx] = dloc[use]
         st.lru[b] = np.concatenate([evict[M:], use, hit_slots])
         misses[b] = M
+        if plan is not None:
+            plan[0][b, :M] = st.host_locs[b, tk[miss_idx]]
+            plan[1][b, :M] = dloc[use]
         if dev_rows is not None:
             dev_rows[dloc[use]] = host_rows[st.host_locs[b, tk[miss_idx]]]
     return out, misses
@@ -108,10 +112,22 @@ class TopkStream:
 
 # ---------------------------------------------------------------------------------------------------- device side
 @functools.lru_cache(maxsize=None)
-def _kernel_on(device_id: int):
+def _kernels_on(device_id: int):
     import cupy as cp
 
-    return cp.RawKernel(_SOURCE.read_text(), "hisparse_swapin", options=("-std=c++17",))
+    mod = cp.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
+    return mod.get_function("hisparse_swapin"), mod.get_function("hisparse_copy_planned")
+
+
+def planned_copy_reference(plan_src: np.ndarray, plan_dst: np.ndarray, miss: np.ndarray, host_rows: np.ndarray,
+                           dev_rows: np.ndarray) -> None:
+    """A skip layer's IO: copy each request's recorded misses (host row -> device row) into its own buffers."""
+    for b, m in enumerate(miss.tolist()):
+        dev_rows[plan_dst[b, :m]] = host_rows[plan_src[b, :m]]
+
+
+PLANNED_COPY_BLOCKS = 4   # SGLang's `_prefetch_copy_blocks`
+PLANNED_COPY_THREADS = 1024
 
 
 def smem_bytes(top_k: int, buffer_slots: int) -> int:
@@ -139,24 +155,38 @@ class DeviceSwapIn:
         self.out = cp.zeros((B, top_k), dtype=cp.int32)
         self.miss = cp.zeros(B, dtype=cp.int32)
         self.topk = cp.zeros((B, top_k), dtype=cp.int32)
-        self.fn = _kernel_on(cp.cuda.Device().id)
+        self.plan_src = cp.zeros((B, top_k), dtype=cp.int64)
+        self.plan_dst = cp.zeros((B, top_k), dtype=cp.int32)
+        self.fn, self.copy_fn = _kernels_on(cp.cuda.Device().id)
         self.smem = smem_bytes(top_k, H)
         self.fn.max_dynamic_shared_size_bytes = self.smem
 
     def set_topk(self, topk: np.ndarray) -> None:
         self.topk[...] = self.cp.asarray(topk, dtype=self.cp.int32)
 
-    def launch(self, skip_io: bool = False, stream=None) -> None:
+    def launch(self, skip_io: bool = False, stream=None, record_plan: bool = False) -> None:
+        """The fused swap-in (one block per request); with `record_plan` it also writes the miss plan."""
         from ulacache.backends.cupy_copy import ptr_of
 
         cp = self.cp
+        plan = (self.plan_src, self.plan_dst) if record_plan else (np.uint64(0), np.uint64(0))
         with stream or cp.cuda.get_current_stream():
             self.fn((self.B,), (self.block,),
                     (self.topk, self.seq_lens, self.buf_tok, self.lru, self.dev_locs, self.host_locs,
                      np.int64(self.host_locs.shape[1]), np.uint64(ptr_of(self.host)), np.uint64(ptr_of(self.dev)),
                      self.out, self.miss, np.int32(self.K), np.int32(self.H), np.int32(self.rb // VEC_BYTES),
-                     np.int32(1 if skip_io else 0)),
+                     np.int32(1 if skip_io else 0), *plan, np.int32(self.K)),
                     shared_mem=self.smem)
+
+    def launch_planned_copy(self, dev_rows, stream=None, blocks: int = PLANNED_COPY_BLOCKS) -> None:
+        """Replay the recorded plan into another layer's device rows (`dev_rows`): SGLang's skip-layer IO."""
+        from ulacache.backends.cupy_copy import ptr_of
+
+        cp = self.cp
+        with stream or cp.cuda.get_current_stream():
+            self.copy_fn((blocks,), (PLANNED_COPY_THREADS,),
+                         (self.plan_src, self.plan_dst, self.miss, np.int32(self.B), np.int32(self.K),
+                          np.uint64(ptr_of(self.host)), np.uint64(ptr_of(dev_rows)), np.int32(self.rb // VEC_BYTES)))
 
     def snapshot(self):
         return self.buf_tok.copy(), self.lru.copy()
