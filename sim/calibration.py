@@ -9,6 +9,7 @@ unchanged. `DERIVATIONS` lists each rule; sim/COSTS.md states them. A data file 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from sim.presets import HARDWARE_PRESETS, HardwareSpec
@@ -40,8 +41,65 @@ TABLE_DERIVATIONS: dict[str, tuple[str, float]] = {"hisparse_swapin_efficiency_b
                                                    "hisparse_mtp_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
 
 
-def read(path: Path) -> tuple[dict, dict]:
-    """(costs, provenance) of a calibration file (top-level keys: provenance, costs; anything else is an error)."""
+# Validation bounds of cost values read from a calibration, a config's `costs:` or `--set costs.*` (not model
+# constants: a value past them is a unit slip or a broken measurement, and would hang a replay or overflow its clock).
+MAX_RATE_BYTES_S = 1e15  # 1 PB/s: 1,000x an H200's 4.8 TB/s HBM, the fastest link modelled
+MAX_TIME_S = 1.0  # one launch, latency, overhead or per-reference cost over a second is a unit slip (us read as s)
+MAX_COUNT = 1e6  # kernels per layer, bytes per score, draft layer equivalents: a million is far past any recipe
+
+
+def _bad(where: str, key: str, what: str, value) -> ValueError:
+    return ValueError(f"{where}: cost key {key} must be {what}, got {value!r}")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float range
+        return False
+
+
+def check_cost_value(key: str, value, where: str) -> None:
+    """One cost value: finite, and in its kind's range (rates > 0, efficiencies in (0, 1], times in [0, 1 s],
+    tables {positive size: efficiency in (0, 1]}); None (the hardware figure) and unknown keys are the cost model's
+    to judge. Raises a one-line ValueError naming `where` and the key."""
+    if value is None or isinstance(value, str):
+        return  # the cost model refuses strings by name; None means "use the hardware figure"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not _number(k) or not _finite(k) or k <= 0 or not _number(v) or not _finite(v) or not 0 < v <= 1:
+                raise _bad(where, key, "a table of {positive size: efficiency in (0, 1]}", {k: v})
+        return
+    if not _number(value):
+        return
+    if not _finite(value):
+        raise _bad(where, key, "a finite number", value)
+    if key.endswith("_bytes_s"):
+        if not 0 < value <= MAX_RATE_BYTES_S:
+            raise _bad(where, key, f"a rate in (0, {MAX_RATE_BYTES_S:.0e}] bytes/s", value)
+    elif key.endswith("_efficiency"):
+        if not 0 < value <= 1:
+            raise _bad(where, key, "an efficiency in (0, 1]", value)
+    elif key.endswith("_s"):
+        if not 0 <= value <= MAX_TIME_S:
+            raise _bad(where, key, f"a time in [0, {MAX_TIME_S:g}] s", value)
+    elif not 0 <= value <= MAX_COUNT:
+        raise _bad(where, key, f"a number in [0, {MAX_COUNT:.0e}]", value)
+
+
+def check_costs(costs: dict, where: str) -> None:
+    """Every value of a `costs:` mapping (see check_cost_value)."""
+    for key, value in costs.items():
+        check_cost_value(str(key), value, where)
+
+
+def read(path: Path, where: str | None = None) -> tuple[dict, dict]:
+    """(costs, provenance) of a calibration file (top-level keys: provenance, costs; anything else is an error);
+    every cost value finite and in range (check_costs)."""
     path = Path(path)
     if not path.is_file():
         raise OSError(f"calibration file not found: {path}")
@@ -56,6 +114,7 @@ def read(path: Path) -> tuple[dict, dict]:
         raise ValueError(f"{path}: costs must be a mapping")
     return costs, data.get("provenance") or {}
 
+    check_costs(costs, where or str(path))
 
 def derive(costs: dict, reference: HardwareSpec, target: HardwareSpec) -> tuple[dict, dict]:
     """The reference calibration carried to `target`: (costs, {key: 'x ratio (field target/ref)'} for changed keys)."""

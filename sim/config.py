@@ -357,8 +357,46 @@ def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> 
 
 
 def build(tree: dict) -> SimConfig:
+# Validation bounds of hardware overrides (a value past them is a unit slip, and overflows the step clock):
+HW_RANGES = {  # suffix -> (low, high, unit, why)
+    "_bytes_s": (1e6, 1e15, "bytes/s", "1 MB/s to 1 PB/s; an H200 has 55.5 GB/s PCIe, 4.8 TB/s HBM"),
+    "_flops": (1e9, 1e18, "FLOP/s", "a B300 has 4.5e15"),
+    "_s": (0.0, 1.0, "s", "a launch or link latency is microseconds"),
+    "_bytes": (1e6, 1e15, "bytes", "an H200 has 141 GB of HBM"),
+}
+
+
+def _check_numbers(section: str, values: dict) -> None:
+    """hardware.* / model.* overrides: finite numbers (named), hardware figures within HW_RANGES."""
+    for key, value in values.items():
+        if isinstance(value, str):  # YAML 1.1 strings such as 2e12 are converted by the presets
+            try:
+                value = float(value)
+            except ValueError:
+                continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not _finite(value):
+            raise ValueError(f"config key {section}.{key} must be a finite number, got {value!r}")
+        if section != "hardware" or key == "num_gpus":
+            continue
+        for suffix, (lo, hi, unit, why) in HW_RANGES.items():
+            if key.endswith(suffix):
+                if not lo <= value <= hi:
+                    raise ValueError(f"config key hardware.{key} must be in [{lo:g}, {hi:g}] {unit} ({why}), "
+                                     f"got {value!r}")
+                break
+
+
     """Resolved dict -> SimConfig (validates preset overrides and cross-field rules)."""
     hw = dict(tree.get("hardware") or {})
+    from sim.calibration import check_costs
+
+    for section in ("hardware", "model"):
+        if isinstance(tree.get(section), dict):
+            _check_numbers(section, tree[section])
+    if isinstance(tree.get("costs"), dict):
+        check_costs(tree["costs"], "config costs")
     hw_preset = hw.pop("preset", "h200")
     if not isinstance(hw_preset, str):
         raise ValueError(f"hardware.preset must be a string; choose from {sorted(HARDWARE_PRESETS)}")
@@ -442,6 +480,9 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
         if mem[name] is not None and mem[name] < 0:
             raise ValueError(f"config key memory.{name} must be >= 0 bytes, got {mem[name]}")
     non_negative = [("workload.max_steps", wl["max_steps"]), ("fidelity.pilot_steps", tree["fidelity"]["pilot_steps"]),
+    if mem["gpu_kv_bytes_per_gpu"] is not None and mem["gpu_kv_bytes_per_gpu"] < 1:
+        raise ValueError("config key memory.gpu_kv_bytes_per_gpu must be > 0 bytes (the GPU holds the KV of every "
+                         f"running request; null for HBM - weights - reserve), got {mem['gpu_kv_bytes_per_gpu']}")
                     ("hisparse.max_running_requests", tree["hisparse"]["max_running_requests"]),
                     ("output.trace_event_steps", tree["output"]["trace_event_steps"])]
     for name, value in non_negative:

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 
@@ -26,38 +24,26 @@ def register(subparsers) -> None:
 
 
 def write(result: dict, out: Path, force: bool = False) -> None:
-    """Write the table and JSON into a staging directory next to `out`, then move it into place: a refused or failed
-    command leaves what was on disk untouched."""
+    """Write the table and JSON into a hidden sibling of `out` and rename it into place (traces.atomic): a refused
+    or failed command leaves what was on disk untouched; --force replaces only an earlier sensitivity output."""
     import pandas as pd
 
-    out = Path(out)
-    if out.exists() and not force:
-        raise OSError(f"{out} exists (use --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    from traces.atomic import StagedDir, check_out_path
+
+    check_out_path(out, force, command="sensitivity", what="sensitivity output")
+    with StagedDir(out, command="sensitivity", replace=force) as stage:
         table = pd.DataFrame(result["rows"])
-        table.to_csv(stage / "sensitivity.csv", index=False)
-        table.to_parquet(stage / "sensitivity.parquet", index=False)
-        (stage / "sensitivity.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
-        if out.exists():
-            aside = out.with_name(f".{out.name}.old")
-            shutil.rmtree(aside, ignore_errors=True)
-            out.rename(aside)
-            stage.rename(out)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+        table.to_csv(stage.path / "sensitivity.csv", index=False)
+        table.to_parquet(stage.path / "sensitivity.parquet", index=False)
+        (stage.path / "sensitivity.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+        stage.publish()
 
 
 def _run(args: argparse.Namespace) -> int:
     from sim import sensitivity
+    from traces.atomic import check_out_path
 
-    if args.out.exists() and not args.force:
-        raise OSError(f"{args.out} exists (use --force to replace it)")
+    check_out_path(args.out, args.force, command="sensitivity", what="sensitivity output")  # before the replays
     tick = None if args.quiet else (lambda i, n: print(f"sensitivity: {i}/{n} constants", flush=True))
     result = sensitivity.run(args.config, args.sets, calibration=args.calibration, full=args.full, progress=tick)
     write(result, args.out, force=args.force)
