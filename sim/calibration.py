@@ -112,9 +112,9 @@ def read(path: Path, where: str | None = None) -> tuple[dict, dict]:
     costs = data["costs"] or {}
     if not isinstance(costs, dict):
         raise ValueError(f"{path}: costs must be a mapping")
+    check_costs(costs, where or str(path))
     return costs, data.get("provenance") or {}
 
-    check_costs(costs, where or str(path))
 
 def derive(costs: dict, reference: HardwareSpec, target: HardwareSpec) -> tuple[dict, dict]:
     """The reference calibration carried to `target`: (costs, {key: 'x ratio (field target/ref)'} for changed keys)."""

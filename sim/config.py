@@ -356,7 +356,6 @@ def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> 
         raise
 
 
-def build(tree: dict) -> SimConfig:
 # Validation bounds of hardware overrides (a value past them is a unit slip, and overflows the step clock):
 HW_RANGES = {  # suffix -> (low, high, unit, why)
     "_bytes_s": (1e6, 1e15, "bytes/s", "1 MB/s to 1 PB/s; an H200 has 55.5 GB/s PCIe, 4.8 TB/s HBM"),
@@ -388,8 +387,8 @@ def _check_numbers(section: str, values: dict) -> None:
                 break
 
 
+def build(tree: dict) -> SimConfig:
     """Resolved dict -> SimConfig (validates preset overrides and cross-field rules)."""
-    hw = dict(tree.get("hardware") or {})
     from sim.calibration import check_costs
 
     for section in ("hardware", "model"):
@@ -397,6 +396,7 @@ def _check_numbers(section: str, values: dict) -> None:
             _check_numbers(section, tree[section])
     if isinstance(tree.get("costs"), dict):
         check_costs(tree["costs"], "config costs")
+    hw = dict(tree.get("hardware") or {})
     hw_preset = hw.pop("preset", "h200")
     if not isinstance(hw_preset, str):
         raise ValueError(f"hardware.preset must be a string; choose from {sorted(HARDWARE_PRESETS)}")
@@ -479,10 +479,10 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
     for name in ("gpu_kv_bytes_per_gpu", "cpu_kv_bytes_per_gpu", "gpu_reserve_bytes"):
         if mem[name] is not None and mem[name] < 0:
             raise ValueError(f"config key memory.{name} must be >= 0 bytes, got {mem[name]}")
-    non_negative = [("workload.max_steps", wl["max_steps"]), ("fidelity.pilot_steps", tree["fidelity"]["pilot_steps"]),
     if mem["gpu_kv_bytes_per_gpu"] is not None and mem["gpu_kv_bytes_per_gpu"] < 1:
         raise ValueError("config key memory.gpu_kv_bytes_per_gpu must be > 0 bytes (the GPU holds the KV of every "
                          f"running request; null for HBM - weights - reserve), got {mem['gpu_kv_bytes_per_gpu']}")
+    non_negative = [("workload.max_steps", wl["max_steps"]), ("fidelity.pilot_steps", tree["fidelity"]["pilot_steps"]),
                     ("hisparse.max_running_requests", tree["hisparse"]["max_running_requests"]),
                     ("output.trace_event_steps", tree["output"]["trace_event_steps"])]
     for name, value in non_negative:
