@@ -16,7 +16,7 @@ import numpy as np
 from . import inspection
 from .backends import get_backend
 from .config import CacheConfig
-from .inputs import alloc_args, check_home, check_rank, int_scalar
+from .inputs import alloc_args, check_home, int_scalar
 from .layout import DeviceState, PlaceLayout, plan_exchanges
 from .local_buffer import LocalBuffers
 from .payload_io import PayloadIO
@@ -97,13 +97,9 @@ class UlaCache:
         """Plan one access batch: int64 logical addresses of any shape, -1 = padding. In DP, `rank` (optional)
         asserts the batch belongs to that rank; in TP every rank executes the batch and `rank` must be None."""
         self._idle("start another access")
-        self.payload.check_replayed(self._last)
-        batch = self.index.batch(selected)
-        if rank is not None:
-            if self.tp:
-                raise ValueError("rank must be None in TP mode: every rank executes the batch")
-            rank = check_rank(rank, self.config.num_ranks)
-        uniq, ix, places, num_refs, bounds = self.index.translate(batch)
+        if self.payload.store is not None:
+            self.payload.check_replayed(self._last)
+        uniq, ix, places, num_refs, bounds, rank = self.index.translate(selected, rank, self.tp)
         self.space.remember(uniq, ix, bounds)  # (the policy and the TP local buffers locate and cut the batch
         # again; forgotten at commit)
         if rank is not None:

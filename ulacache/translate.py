@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .inputs import int_array
+from .inputs import check_rank, int_array
 
 # A numpy batch this many times shorter than the address storage is deduplicated by sorting its addresses
-# (`_translate_sorted`); a longer one by the backend's dedup over storage positions (the numpy backend's own
+# (`translate`); a longer one by the backend's dedup over storage positions (the numpy backend's own
 # sort/marker crossover, bench/dedup_crossover.py).
 _SORT_BATCH_RATIO = 16
 # A TP batch of at least this many distinct addresses is located by home runs (slices), a smaller one by per-address
@@ -94,58 +94,36 @@ class AddressIndex:
         return places
 
     # -- an access batch -----------------------------------------------------------------------------------------------
-    def batch(self, selected) -> tuple[bool, np.ndarray, int, int]:
-        """(sorted?, the batch's addresses flat -- sorted when the batch is small --, min, max), range-checked."""
+    def translate(self, selected, rank, tp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, list | None,
+                                                          int | None]:
+        """An access batch (any shape, -1 = padding) and its optional DP `rank` (checked after the addresses' range,
+        before they are located): (distinct addresses ascending, their storage positions, their places, references
+        without padding, their home bounds or None, the rank as int or None).
+
+        A batch much smaller than the storage (numpy) is sorted (in the caller's width: int32 sorts ~2x faster), its
+        ends are the range to check, and the addresses themselves are deduplicated (storage order is address order,
+        so these are the same distinct addresses), then only the distinct ones located: saves the storage positions
+        of every reference and their mapping back (~40 us of a 2048-reference batch), and locating them cuts their
+        home bounds (AddressSpace.home_bounds). A larger one goes to `_translate_marker`."""
         arr = np.asarray(selected)
         small = (self.be.name == "numpy" and arr.size * _SORT_BATCH_RATIO < self.space.rows.size + 1
                  and arr.dtype.kind in "iu" and arr.dtype.itemsize <= 8 - 4 * (arr.dtype.kind == "u"))
-        if small:  # sorted first (in the caller's width: int32 sorts ~2x faster): its ends are the range to check
-            srt = arr.flatten()  # (a copy: sorted in place)
-            srt.sort()
-            lo, hi = (int(srt[0]), int(srt[-1])) if srt.size else (0, -1)
-            self.check_range(lo, hi, "selected", allow_padding=True)
-            return True, srt, lo, hi
-        flat, lo, hi = self.address_range(arr, "selected", allow_padding=True)
-        return False, flat, lo, hi
-
-    def translate(self, batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, list | None]:
-        """(distinct addresses ascending, their storage positions, their places, references without padding, their
-        home bounds or None) of a `batch()`."""
-        small, a, lo, hi = batch
         if small:
-            return self._translate_sorted(a, lo)
-        return (*self._translate_marker(a, lo, hi), None)
-
-    def check_batch_rank(self, uniq: np.ndarray, rank: int) -> None:
-        """DP: ValueError unless every one of the ascending distinct addresses is homed on `rank`."""
-        if uniq.size:
-            homes = self.space.home(uniq[[0, -1]])
-            if homes[0] != rank or homes[1] != rank:
-                raise ValueError(f"selected holds addresses of another rank than {rank}")
-
-    def _translate_marker(self, flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """`translate` of in-range addresses (min lo, max hi): storage positions deduplicated by the backend (a large
-        batch: the scatter marker over storage), turned back into addresses."""
-        be, space = self.be, self.space
-        ix = self.storage_index(flat, "selected", allow_padding=True, hi=hi)
-        uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
-        space.scratch = be.to_numpy(scratch)
-        uix = be.to_numpy(uix)
-        places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
-        uniq = space.rows.ids(uix)
-        check_allocated(uniq, places, "selected")
-        num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
-        return uniq, uix, places, num_refs
-
-    def _translate_sorted(self, s: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, list]:
-        """`translate` of a batch much smaller than the storage (numpy), given sorted (`s`, min lo): the addresses
-        themselves deduplicated (storage order is address order, so these are the same distinct addresses), then
-        only the distinct ones located. Saves the storage positions of every reference and their mapping back (~40
-        us of a 2048-reference batch); the sorted copy gave min and max for free. Also the distinct addresses' home
-        bounds (AddressSpace.home_bounds), which locating them cut."""
+            s = arr.flatten()  # (a copy: sorted in place)
+            s.sort()
+            lo, hi = (int(s[0]), int(s[-1])) if s.size else (0, -1)
+            self.check_range(lo, hi, "selected", allow_padding=True)
+        else:
+            flat, lo, hi = self.address_range(arr, "selected", allow_padding=True)
+        if rank is not None:
+            if tp:
+                raise ValueError("rank must be None in TP mode: every rank executes the batch")
+            rank = check_rank(rank, self.num_ranks)
+        if not small:
+            return (*self._translate_marker(flat, lo, hi), None, rank)
         n = s.size
         if not n:
-            return s.astype(np.int64), s.astype(np.int64), self.space.table[:0], 0, [0] * (self.num_ranks + 1)
+            return s.astype(np.int64), s.astype(np.int64), self.space.table[:0], 0, [0] * (self.num_ranks + 1), rank
         pads = int(s.searchsorted(0)) if lo < 0 else 0  # -1 padding sorts first
         if pads:
             s = s[pads:]
@@ -159,7 +137,28 @@ class AddressIndex:
         ix, bounds = self._sorted_index(s) if s.size else (s, [0] * (self.num_ranks + 1))
         places = self.space.table.take(ix)  # take: no fancy-index set-up
         check_allocated(s, places, "selected")
-        return s, ix, places, n - pads, bounds
+        return s, ix, places, n - pads, bounds, rank
+
+    def check_batch_rank(self, uniq: np.ndarray, rank: int) -> None:
+        """DP: ValueError unless every one of the ascending distinct addresses is homed on `rank`."""
+        if uniq.size:
+            homes = self.space.home(uniq[[0, -1]])
+            if homes[0] != rank or homes[1] != rank:
+                raise ValueError(f"selected holds addresses of another rank than {rank}")
+
+    def _translate_marker(self, flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """`translate` of a large batch of in-range addresses (min lo, max hi): storage positions deduplicated by the
+        backend (the scatter marker over storage), turned back into addresses."""
+        be, space = self.be, self.space
+        ix = self.storage_index(flat, "selected", allow_padding=True, hi=hi)
+        uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
+        space.scratch = be.to_numpy(scratch)
+        uix = be.to_numpy(uix)
+        places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
+        uniq = space.rows.ids(uix)
+        check_allocated(uniq, places, "selected")
+        num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
+        return uniq, uix, places, num_refs
 
     def _sorted_index(self, a: np.ndarray) -> tuple[np.ndarray, list]:
         """Storage positions of ascending, in-range, distinct addresses (ValueError for one never handed out), and
@@ -177,22 +176,20 @@ class AddressIndex:
                 ix = a + sh
                 raise ValueError(f"selected holds unallocated address {int(a[np.flatnonzero(ix >= end[h0])[0]])}")
             return a + sh, [0] * (h0 + 1) + [n] * (R - h0)
+        # Several homes (TP): each home's addresses are one run of the ascending batch, so only each run's last
+        # (largest) address is checked against its row's end, and each run gets its row's shift: repeated per run
+        # (a small batch), or added by a slice (many addresses: in place, no per-address shift array). No per-address
+        # home (a division), shift and end gathers.
         cuts = a.searchsorted(self.space.home_starts[h0 + 1:h1 + 1]).tolist()
-        return self._runs_index(a, h0, h1, cuts, shift), [0] * (h0 + 1) + cuts + [n] * (R - h1)
-
-    def _runs_index(self, a: np.ndarray, h0: int, h1: int, cuts: list, shift: np.ndarray) -> np.ndarray:
-        """`_sorted_index` over several homes (TP): each home's addresses are one run of the ascending batch (home r's
-        run ends at cuts[r - h0]), so only each run's last (largest) address is checked against its row's end, and
-        each run gets its row's shift: repeated per run (a small batch), or added by a slice (many addresses: in
-        place, no per-address shift array). No per-address home (a division), shift and end gathers."""
+        bounds = [0] * (h0 + 1) + cuts + [n] * (R - h1)
         sh, ends = self._rows_lists
         if a.size < _RUN_SHIFT_MIN:
             los, his = [0] + cuts, cuts + [a.size]
             lens = [hi - lo for lo, hi in zip(los, his)]
             last = a.take([hi - 1 for hi, n in zip(his, lens) if n]).tolist()
             if any(x + sh[r] >= ends[r] for x, r in zip(last, [r for r, n in zip(range(h0, h1 + 1), lens) if n])):
-                return self.storage_index(a, "selected", allow_padding=False)  # raises, naming the first one
-            return a + shift[h0:h1 + 1].repeat(lens)
+                return self.storage_index(a, "selected", allow_padding=False), bounds  # raises, naming the first one
+            return a + shift[h0:h1 + 1].repeat(lens), bounds
         ix = a + sh[h0]
         for r, lo, hi in zip(range(h0, h1 + 1), [0] + cuts, cuts + [a.size]):  # loop over home ranks
             if lo == hi:
@@ -200,8 +197,8 @@ class AddressIndex:
             if r != h0:
                 ix[lo:hi] += sh[r] - sh[h0]
             if int(ix[hi - 1]) >= ends[r]:
-                return self.storage_index(a, "selected", allow_padding=False)  # raises, naming the first one
-        return ix
+                return self.storage_index(a, "selected", allow_padding=False), bounds  # raises, naming the first one
+        return ix, bounds
 
 
 __all__ = ["AddressIndex", "check_allocated"]
