@@ -129,6 +129,13 @@ def main(args) -> int:
     if calib is not None and not calib.is_file():
         raise OSError(f"calibration file not found: {calib}")
     overrides = parse_cost_overrides(getattr(args, "cost", None))
+    stored = {}
+    for path in args.from_json:  # every run checked before any work
+        run = read_measurement_json(path, "--from-json")
+        if "per_step" not in run:
+            raise ValueError(f"{path}: not a hw validate JSON (no per_step)")
+        check_run(run, str(path))
+        stored[str(path)] = run
     derived = None
     if getattr(args, "after_exchange_from", ""):  # sensitivity: the key from another run's gather timings
         from hw.nodefit import AFTER_EXCHANGE_KEY, after_exchange_from_parts
@@ -142,11 +149,7 @@ def main(args) -> int:
               f"{args.after_exchange_from} ({derived['samples']} rank-steps; a sensitivity, not a calibration)")
     costs, node = load_costs(calib, overrides)
     runs = {}
-    for path in args.from_json:
-        run = read_measurement_json(path, "--from-json")
-        if "per_step" not in run:
-            raise ValueError(f"{path}: not a hw validate JSON (no per_step)")
-        check_run(run, str(path))
+    for path, run in stored.items():
         res = repredict(run, costs, node)
         res.update({"run_date": run.get("date"), "run_command": run.get("command"),
                     "device": (run.get("device") or {}).get("gpu"), "mode": run.get("mode"), "ranks": run["ranks"],

@@ -459,6 +459,9 @@ def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (),
         raise ValueError(f"--workers must be >= 1, got {workers}")
     if not grid:
         raise ValueError("no --grid given: a sweep needs at least one key=v1,v2 list")
+    if sweep_dir.is_symlink():  # as every output: the directory itself, not a link to it
+        raise OSError(f"{sweep_dir}: is a symbolic link; give the directory it points to "
+                      f"({os.path.realpath(sweep_dir)})")
     if resume:
         previous = _load_sweep_yaml(sweep_dir)
     else:

@@ -82,6 +82,47 @@ FILES = {
     # calibrations
     "cal_dupkey.yaml": "costs:\n  launch_s: 4.0e-6\n  launch_s: 9.0e-6\n",
     "cal_bomb.yaml": "provenance:\n" + "".join(f"  {line}\n" for line in BOMB.splitlines()) + "costs: {}\n",
+    # ---- issue 27: non-finite / out-of-range floats in configs and calibrations, named by key
+    "nan_costs.yaml": _cfg().replace("system: sglang", "system: sglang\ncosts: {launch_s: .nan, cuda_graphs: 0}"),
+    "neg_cost.yaml": _cfg(costs__mgmt_per_ref_s=-1e-9),
+    "zero_bw_cost.yaml": _cfg(costs__pcie_h2d_bw_bytes_s=0),
+    "nan_gpus.yaml": _cfg().replace("num_gpus: 2", "num_gpus: .nan"),
+    "big_gpus.yaml": _cfg().replace("num_gpus: 2", "num_gpus: 1e400"),
+    "tiny_pcie.yaml": _cfg().replace("num_gpus: 2", "num_gpus: 2\n  pcie_bw_bytes_s: 1e-300"),
+    "zero_gpu_kv.yaml": _cfg(memory__gpu_kv_bytes_per_gpu=0),
+    "cal_nan.yaml": "costs:\n  hisparse_per_ref_s: .nan\n",
+    "cal_inf.yaml": "costs:\n  step_overhead_s: .inf\n",
+    "cal_neg.yaml": "costs:\n  launch_s: -4e-6\n",
+    "cal_zero_bw.yaml": "costs:\n  nvlink_bw_bytes_s: 0\n",
+    "cal_huge_latency.yaml": "costs:\n  pcie_latency_s: 1e300\n",
+    "cal_nan_table.yaml": "costs:\n  h2d_row_efficiency_by_bytes: {656: .nan}\n",
+    "cal_eff_2.yaml": "costs:\n  peer_row_efficiency: 2.0\n",
+    # ---- issue 27: request lists
+    "quote_128k.csv": "input_tokens,output_tokens\n\"" + "9" * 140_000 + "\n",
+    "bom_badcol.csv": "\ufeffinput_tokens,outputs\n100,10\n",
+    "rows_1m.csv": "input_tokens,output_tokens\n" + "1,1\n" * 1_000_001,
+    # ---- issue 27: plans a report cannot draw
+    "badplan_systems_int/plan.json": '{"systems": 5}',
+    "badplan_entry_int/plan.json": '{"systems": {"sglang": 5}}',
+    "badplan_best_int/plan.json": '{"systems": {"sglang": {"best": 3}}}',
+    "badplan_evals/plan.json": '{"systems": {"sglang": {"evaluations": 7}}}',
+    "badplan_zero_tput/plan.json": '{"systems": {"sglang": {"evaluations": [{"ok": true, "concurrency": 1, '
+                                   '"throughput_tok_s": 0, "tpot_ms": 1}]}}}',
+    "badplan_nan/plan.json": '{"systems": {"sglang": {"best": {"concurrency": 1, "throughput_tok_s": NaN, '
+                             '"tpot_ms": 1, "admitted": 1}}}}',
+    "badplan_truncated/plan.json": '{"systems": {"sglang": {"best": ',
+    # ---- issue 27: outputs that are not ours (--force must refuse them)
+    "foreign_run/notes.txt": "not a result\n",
+    "foreign_run/config.yaml": "system: sglang\n",
+    "foreign_run/data/keep.bin": b"\x00\x01",
+    "foreign_trace/trace.yaml": "kind: ulacache-trace\n",
+    "website/index.html": "<html>my website</html>\n",
+    "foreign_plan/plan.json": '{"systems": {}}\n',
+    "foreign_sens/sensitivity.json": "{}\n",
+    ".foreign_sens.old/precious.txt": "a sibling the old sensitivity --force deleted\n",
+    "pc/policy_compare.csv": "policy,hit_ratio\n",
+    "theirs.json": "{}\n",
+    "theirs.yaml": "costs: {}\n",
 }
 
 
@@ -95,7 +136,9 @@ def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     for name, content in FILES.items():
         path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    _issue27_files(root)
     # a previous replay run, a plan, a report, a sweep and a non-result dir that a bad command must not touch
     (root / "run").mkdir()
     (root / "run" / "metrics.json").write_text('{"system": "sglang"}\n')
@@ -128,6 +171,53 @@ def ws(tmp_path_factory):
     meta = (root / "trace" / "trace.yaml").read_text()
     (root / "trace_dupmeta" / "trace.yaml").write_text(meta + "profile: twice\n")
     (root / "trace_schema" / "trace.yaml").write_text(meta.replace("schema_version: 1", "schema_version: 99"))
+    return root
+
+
+def _issue27_files(root: Path) -> None:
+    """Links, stored measurement JSON with one broken value, and outputs of other commands (issue 27)."""
+    (root / "link_to_file").symlink_to(root / "theirs.json")
+    (root / "pc" / ".policy_compare.json.tmp").symlink_to(root / "theirs.json")  # the old fixed temp name
+    raw = json.loads(RAW_CALIBRATION.read_text())
+    for name, path, value in (("raw_nan", ("launch", "launch_device_gap_s"), float("nan")),
+                              ("raw_inf", ("ceilings", "p2p_gb_s"), float("inf")),
+                              ("raw_neg_latency", ("launch", "launch_device_gap_s"), -4.5e-6),
+                              ("raw_neg_bw", ("ceilings", "h2d_gb_s"), -55.0)):
+        bad = json.loads(json.dumps(raw))
+        bad[path[0]][path[1]] = value
+        (root / f"{name}.json").write_text(json.dumps(bad))
+    (root / "raw_1e400.json").write_text(RAW_CALIBRATION.read_text().replace('"h2d_gb_s": ', '"h2d_gb_s": 1e400, '
+                                                                            '"was": ', 1))
+    (root / "raw_list.json").write_text("[1, 2]")
+    run = json.loads(VALIDATE_RUN.read_text())
+    timed = next(i for i, st in enumerate(run["per_step"]) if "measured_s" in st and not st.get("warmup"))
+    for name, key, value in (("run_measured_0", "measured_s", 0), ("run_measured_neg", "measured_s", -1e-4),
+                             ("run_measured_str", "measured_s", "fast"), ("run_refs_neg", "num_refs", -1),
+                             ("run_rows_bad", "rows_per_rank", {"h2d": [1], "d2h": "x", "peer": []})):
+        bad = json.loads(json.dumps(run))
+        bad["per_step"][timed][key] = value
+        (root / f"{name}.json").write_text(json.dumps(bad))
+    bad = json.loads(json.dumps(run))
+    del bad["per_step"][timed]["num_refs"]
+    (root / "run_no_refs.json").write_text(json.dumps(bad))
+    (root / "run_nan.json").write_text(VALIDATE_RUN.read_text().replace('"measured_s": ', '"measured_s": NaN, "x": ',
+                                                                      1))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RAW_CALIBRATION = ROOT / "hw" / "results" / "calibration.json"
+VALIDATE_RUN = ROOT / "hw" / "results" / "validate_tp2.json"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """Files past the read limits (sparse: their size is checked before anything is read); kept out of `ws` so
+    the per-case snapshot does not hash them."""
+    root = tmp_path_factory.mktemp("big")
+    for name, size in (("config_50mb.yaml", 50 << 20), ("requests_200mb.csv", 200 << 20),
+                       ("requests_200mb.jsonl", 200 << 20), ("raw_300mb.json", 300 << 20)):
+        with open(root / name, "wb") as fh:
+            fh.truncate(size)
     return root
 
 
@@ -328,14 +418,210 @@ CASES = [
     ("report-empty-dir", ["report", "{ws}/emptydir", "--out", "{ws}/r"], "no result files found"),
     ("report-out-is-a-file", ["report", "{ws}/sweep", "--out", "{ws}/afile"], "exists and is not a directory"),
     ("report-out-foreign-dir", ["report", "{ws}/sweep", "--out", "{ws}/mine", "--force"], "not written by ulacache"),
+] + [
+    # ======== issue 27 ========
+    # ---- --force replaces only an output this tool wrote
+    ("i27-replay-force-foreign-run", ["replay", "{ws}/good.yaml", "--out", "{ws}/foreign_run", "--quiet", "--force"],
+     "foreign_run: no .ulacache-manifest.json (not written by ulacache)"),
+    ("i27-replay-force-old-run-without-manifest", ["replay", "{ws}/good.yaml", "--out", "{ws}/run", "--quiet",
+                                                   "--force"], "not written by ulacache"),
+    ("i27-replay-force-plan-dir", ["replay", "{ws}/good.yaml", "--out", "{ws}/foreign_plan", "--quiet", "--force"],
+     "not written by ulacache"),
+    ("i27-replay-force-website", ["replay", "{ws}/good.yaml", "--out", "{ws}/website", "--quiet", "--force"],
+     "refusing to replace it"),
+    ("i27-gen-force-foreign-trace-yaml", ["trace", "gen", "--profile", "small", "--out", "{ws}/foreign_trace",
+                                         "--num-requests", "2", "--force"],
+     "not written by ulacache"),
+    ("i27-convert-force-foreign-trace", ["trace", "convert", "{ws}/cap_good.jsonl", "--out", "{ws}/foreign_trace",
+                                         "--force"], "not written by ulacache"),
+    ("i27-report-force-website", ["report", "{ws}/sweep", "--out", "{ws}/website", "--force"],
+     "website: no .ulacache-manifest.json"),
+    ("i27-report-out-symlink", ["report", "{ws}/sweep", "--out", "{ws}/runlink", "--force"], "symbolic link"),
+    ("i27-plan-force-foreign-plan", PLAN + ["--out", "{ws}/foreign_plan", "--force"], "not written by ulacache"),
+    ("i27-plan-force-website", PLAN + ["--out", "{ws}/website", "--force"], "not written by ulacache"),
+    ("i27-sensitivity-exists", ["sensitivity", "{ws}/good.yaml", "--out", "{ws}/foreign_sens", "--quiet"],
+     "pass --force to replace it"),
+    ("i27-sensitivity-force-foreign", ["sensitivity", "{ws}/good.yaml", "--out", "{ws}/foreign_sens", "--quiet",
+                                       "--force"], "not written by ulacache"),
+    ("i27-sensitivity-force-run-dir", ["sensitivity", "{ws}/good.yaml", "--out", "{ws}/foreign_run", "--quiet",
+                                       "--force"], "not written by ulacache"),
+    ("i27-policy-compare-exists", ["policy-compare", "{ws}/trace", "--out", "{ws}/pc", "--no-peers"],
+     "policy_compare.csv: exists; pass --force"),
+    ("i27-policy-compare-force-foreign", ["policy-compare", "{ws}/trace", "--out", "{ws}/pc", "--no-peers",
+                                          "--force"], "policy_compare.csv: not written by ulacache"),
+    ("i27-policy-compare-out-is-file", ["policy-compare", "{ws}/trace", "--out", "{ws}/afile", "--no-peers"],
+     "exists and is not a directory"),
+    ("i27-sweep-out-symlink", ["sweep", "{ws}/good.yaml", "--out", "{ws}/runlink", "--grid", "system=sglang",
+                               "--workers", "1", "--no-progress"],
+     "symbolic link"),
+    ("i27-sweep-resume-foreign-dir", ["sweep", "{ws}/good.yaml", "--grid", "system=sglang", "--out",
+                                      "{ws}/foreign_run", "--resume", "--workers", "1"], "no sweep to resume"),
+    # ---- --trace-events: devices, links, foreign files, the run dir itself
+    ("i27-trace-events-dev-null-force", replay("--trace-events", "/dev/null", "--force"),
+     "/dev/null: is not a regular file"),
+    ("i27-trace-events-dev-null", replay("--trace-events", "/dev/null"), "is not a regular file"),
+    ("i27-trace-events-symlink", replay("--trace-events", "{ws}/link_to_file", "--force"), "is a symbolic link"),
+    ("i27-trace-events-foreign-file-force", replay("--trace-events", "{ws}/theirs.json", "--force"),
+     "theirs.json: not written by ulacache"),
+    ("i27-trace-events-is-out", replay("--trace-events", "{ws}/o"), "is the --out directory itself"),
+    ("i27-trace-events-over-metrics", replay("--trace-events", "{ws}/o/metrics.json"),
+     "would overwrite the run's own metrics.json"),
+    ("i27-trace-events-under-file", replay("--trace-events", "{ws}/afile/ev.json"), "not a directory"),
+    # ---- hw outputs: refused without --force, and with it unless the same command wrote them
+    ("i27-hw-validate-out-exists", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--out", "{ws}/theirs.json"],
+     "theirs.json: exists; pass --force"),
+    ("i27-hw-validate-out-foreign-force", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--out",
+                                           "{ws}/theirs.json", "--force"], "not written by ulacache"),
+    ("i27-hw-validate-out-dev-null", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--out", "/dev/null",
+                                      "--force"], "is not a regular file"),
+    ("i27-hw-validate-out-dir", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--out", "{ws}/mine"],
+     "is a directory"),
+    ("i27-hw-validate-out-symlink", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--out",
+                                     "{ws}/link_to_file", "--force"], "is a symbolic link"),
+    ("i27-hw-validate-live-out-exists", ["hw", "validate", "synthetic", "--backend", "numpy", "--out",
+                                         "{ws}/theirs.json"], "exists; pass --force"),
+    ("i27-hw-calibrate-out-foreign-force", ["hw", "calibrate", "--from-json", str(RAW_CALIBRATION), "--out",
+                                            "{ws}/theirs.yaml", "--force"], "theirs.yaml: not written by ulacache"),
+    ("i27-hw-calibrate-out-exists", ["hw", "calibrate", "--from-json", str(RAW_CALIBRATION), "--out",
+                                     "{ws}/theirs.yaml"], "exists; pass --force"),
+    ("i27-hw-calibrate-json-exists", ["hw", "calibrate", "--from-json", str(RAW_CALIBRATION), "--out",
+                                      "{ws}/new.yaml", "--json", "{ws}/theirs.json"], "theirs.json: exists"),
+    ("i27-hw-bench-out-exists", ["hw", "bench", "--out", "{ws}/theirs.json"], "exists; pass --force"),
+    ("i27-hw-bench-out-foreign-force", ["hw", "bench", "--out", "{ws}/theirs.json", "--force"],
+     "not written by ulacache"),
+    ("i27-hw-hisparse-out-dev-null", ["hw", "hisparse", "--out", "/dev/null", "--force"], "is not a regular file"),
+    # ---- hw raw measurements: finite, no negative magnitudes, the key named
+    ("i27-calibrate-raw-nan", ["hw", "calibrate", "--from-json", "{ws}/raw_nan.json", "--out", "{ws}/c.yaml"],
+     "launch.launch_device_gap_s = nan is not a finite number"),
+    ("i27-calibrate-raw-inf", ["hw", "calibrate", "--from-json", "{ws}/raw_inf.json", "--out", "{ws}/c.yaml"],
+     "ceilings.p2p_gb_s = inf"),
+    ("i27-calibrate-raw-1e400", ["hw", "calibrate", "--from-json", "{ws}/raw_1e400.json", "--out", "{ws}/c.yaml"],
+     "ceilings.h2d_gb_s = inf"),
+    ("i27-calibrate-raw-negative-latency", ["hw", "calibrate", "--from-json", "{ws}/raw_neg_latency.json",
+                                            "--out", "{ws}/c.yaml"], "launch.launch_device_gap_s = -4.5e-06 is a "
+                                                                     "negative time"),
+    ("i27-calibrate-raw-negative-bandwidth", ["hw", "calibrate", "--from-json", "{ws}/raw_neg_bw.json", "--out",
+                                              "{ws}/c.yaml"], "ceilings.h2d_gb_s = -55.0"),
+    ("i27-calibrate-raw-a-list", ["hw", "calibrate", "--from-json", "{ws}/raw_list.json", "--out", "{ws}/c.yaml"],
+     "expected an object"),
+    ("i27-calibrate-raw-not-json", ["hw", "calibrate", "--from-json", "{ws}/good.yaml", "--out", "{ws}/c.yaml"],
+     "not a readable JSON file"),
+    ("i27-calibrate-hisparse-json-nan", ["hw", "calibrate", "--from-json", str(RAW_CALIBRATION), "--hisparse-json",
+                                         "{ws}/raw_nan.json", "--out", "{ws}/c.yaml"], "--hisparse-json"),
+    ("i27-calibrate-raw-over-limit", ["hw", "calibrate", "--from-json", "{big}/raw_300mb.json", "--out",
+                                      "{ws}/c.yaml"], "over the 256 MiB limit"),
+    ("i27-validate-measured-0", ["hw", "validate", "--from-json", "{ws}/run_measured_0.json", "--out", ""],
+     "measured_s must be > 0 seconds"),
+    ("i27-validate-measured-negative", ["hw", "validate", "--from-json", "{ws}/run_measured_neg.json", "--out", ""],
+     "measured_s must be > 0 seconds"),
+    ("i27-validate-measured-string", ["hw", "validate", "--from-json", "{ws}/run_measured_str.json", "--out", ""],
+     "measured_s must be a finite number, got 'fast'"),
+    ("i27-validate-measured-nan", ["hw", "validate", "--from-json", "{ws}/run_nan.json", "--out", ""],
+     "measured_s = nan is not a finite number"),
+    ("i27-validate-refs-negative", ["hw", "validate", "--from-json", "{ws}/run_refs_neg.json", "--out", ""],
+     "num_refs must be an integer >= 0"),
+    ("i27-validate-refs-missing", ["hw", "validate", "--from-json", "{ws}/run_no_refs.json", "--out", ""],
+     "num_refs must be an integer >= 0, got None"),
+    ("i27-validate-rows-bad", ["hw", "validate", "--from-json", "{ws}/run_rows_bad.json", "--out", ""],
+     "rows_per_rank.h2d must list 2 rank(s)"),
+    ("i27-validate-cost-nan", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--cost", "launch_s=nan",
+                               "--out", ""], "--cost: cost key launch_s must be a finite number"),
+    ("i27-validate-cost-negative-bw", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--cost",
+                                       "pcie_h2d_bw_bytes_s=-1", "--out", ""], "pcie_h2d_bw_bytes_s must be a rate"),
+    ("i27-validate-calibration-nan", ["hw", "validate", "--from-json", str(VALIDATE_RUN), "--calibration",
+                                      "{ws}/cal_nan.yaml", "--out", ""], "hisparse_per_ref_s must be a finite"),
+    # ---- floats in configs and --set: finite, in range, the key named
+    ("i27-set-launch-nan-eager", replay("--set", "costs.launch_s=.nan", "--set", "costs.cuda_graphs=0"),
+     "cost key launch_s must be a finite number, got nan"),
+    ("i27-set-hisparse-per-ref-nan", replay("--set", "system=hisparse", "--set", "costs.hisparse_per_ref_s=.nan"),
+     "cost key hisparse_per_ref_s must be a finite number"),
+    ("i27-set-step-overhead-inf", replay("--set", "costs.step_overhead_s=.inf"),
+     "cost key step_overhead_s must be a finite number, got inf"),
+    ("i27-set-step-overhead-1e400", replay("--set", "costs.step_overhead_s=1e400"), "step_overhead_s"),
+    ("i27-set-step-overhead-1e6", replay("--set", "costs.step_overhead_s=1e6"),
+     "step_overhead_s must be a time in [0, 1] s"),
+    ("i27-set-mgmt-negative", replay("--set", "costs.mgmt_per_ref_s=-1e-9"), "mgmt_per_ref_s must be a time"),
+    ("i27-set-pcie-bw-zero", replay("--set", "costs.pcie_h2d_bw_bytes_s=0"),
+     "pcie_h2d_bw_bytes_s must be a rate in (0, 1e+15] bytes/s"),
+    ("i27-set-host-cap-nan", replay("--set", "costs.pcie_host_cap_bytes_s=.nan"), "pcie_host_cap_bytes_s"),
+    ("i27-set-table-nan", replay("--set", "costs.h2d_row_efficiency_by_bytes={656: .nan}"),
+     "h2d_row_efficiency_by_bytes must be a table"),
+    ("i27-set-kernels-1e9", replay("--set", "costs.moe_kernels_per_layer=1e9"),
+     "moe_kernels_per_layer must be a number in [0, 1e+06]"),
+    ("i27-set-num-gpus-nan", replay("--set", "hardware.num_gpus=.nan"),
+     "config key hardware.num_gpus must be a finite number, got nan"),
+    ("i27-set-num-gpus-1e400", replay("--set", "hardware.num_gpus=1e400"),
+     "config key hardware.num_gpus must be a finite number, got inf"),
+    ("i27-set-pcie-1e-300", replay("--set", "hardware.pcie_bw_bytes_s=1e-300"),
+     "config key hardware.pcie_bw_bytes_s must be in [1e+06, 1e+15] bytes/s"),
+    ("i27-set-nvlink-latency-1e9", replay("--set", "hardware.nvlink_latency_s=1e9"),
+     "hardware.nvlink_latency_s must be in [0, 1] s"),
+    ("i27-set-hbm-1e30", replay("--set", "hardware.hbm_bytes=1e30"), "hardware.hbm_bytes must be in"),
+    ("i27-set-flops-tiny", replay("--set", "hardware.fp8_flops=1"), "hardware.fp8_flops must be in"),
+    ("i27-set-model-layers-nan", replay("--set", "model.num_layers=.nan"),
+     "config key model.num_layers must be a finite number"),
+    ("i27-set-gpu-kv-0", replay("--set", "memory.gpu_kv_bytes_per_gpu=0"),
+     "config key memory.gpu_kv_bytes_per_gpu must be > 0 bytes"),
+    ("i27-config-nan-costs", replay(cfg="nan_costs.yaml"), "nan_costs.yaml: config costs: cost key launch_s"),
+    ("i27-config-negative-cost", replay(cfg="neg_cost.yaml"), "mgmt_per_ref_s must be a time in [0, 1] s"),
+    ("i27-config-zero-bandwidth", replay(cfg="zero_bw_cost.yaml"), "pcie_h2d_bw_bytes_s must be a rate"),
+    ("i27-config-num-gpus-nan", replay(cfg="nan_gpus.yaml"), "hardware.num_gpus must be a finite number, got nan"),
+    ("i27-config-num-gpus-1e400", replay(cfg="big_gpus.yaml"), "hardware.num_gpus must be a finite number, got inf"),
+    ("i27-config-pcie-1e-300", replay(cfg="tiny_pcie.yaml"), "hardware.pcie_bw_bytes_s must be in"),
+    ("i27-config-gpu-kv-0", replay(cfg="zero_gpu_kv.yaml"), "memory.gpu_kv_bytes_per_gpu must be > 0 bytes"),
+    ("i27-calibration-nan", replay("--calibration", "{ws}/cal_nan.yaml"),
+     "cal_nan.yaml: cost key hisparse_per_ref_s must be a finite number, got nan"),
+    ("i27-calibration-inf", replay("--calibration", "{ws}/cal_inf.yaml"), "step_overhead_s must be a finite"),
+    ("i27-calibration-negative", replay("--calibration", "{ws}/cal_neg.yaml"), "launch_s must be a time in [0, 1]"),
+    ("i27-calibration-zero-bandwidth", replay("--calibration", "{ws}/cal_zero_bw.yaml"), "nvlink_bw_bytes_s"),
+    ("i27-calibration-huge-latency", replay("--calibration", "{ws}/cal_huge_latency.yaml"), "pcie_latency_s"),
+    ("i27-calibration-nan-table", replay("--calibration", "{ws}/cal_nan_table.yaml"),
+     "h2d_row_efficiency_by_bytes must be a table"),
+    ("i27-calibration-efficiency-2", replay("--calibration", "{ws}/cal_eff_2.yaml"),
+     "peer_row_efficiency must be an efficiency in (0, 1]"),
+    ("i27-sweep-set-cost-nan", sweep("--grid", "system=sglang,hisparse", "--set", "costs.launch_s=.nan"),
+     "cost key launch_s must be a finite number"),
+    ("i27-sweep-grid-num-gpus-nan", sweep("--grid", "hardware.num_gpus=2,.nan"), "must be a finite number"),
+    ("i27-plan-set-cost-inf", PLAN + ["--set", "costs.step_overhead_s=.inf", "--out", "{ws}/p"],
+     "step_overhead_s must be a finite number"),
+    ("i27-sensitivity-set-nan", ["sensitivity", "{ws}/good.yaml", "--out", "{ws}/sn", "--quiet", "--set",
+                                 "costs.launch_s=.nan"], "launch_s must be a finite number"),
+    # ---- request lists and read limits (checked on the file size before parsing)
+    ("i27-csv-128k-unterminated-quote", gen("--from-csv", "{ws}/quote_128k.csv"),
+     "quote_128k.csv: line 2: not valid CSV (field larger than field limit"),
+    ("i27-csv-bom-names-the-column-visibly", gen("--from-csv", "{ws}/bom_badcol.csv"), "unknown column 'outputs'"),
+    ("i27-csv-over-1m-rows", gen("--from-csv", "{ws}/rows_1m.csv"), "more than 1,000,000 requests"),
+    ("i27-csv-200mb", gen("--from-csv", "{big}/requests_200mb.csv"), "over the 128 MiB limit for a request list"),
+    ("i27-jsonl-200mb", gen("--from-csv", "{big}/requests_200mb.jsonl"), "over the 128 MiB limit"),
+    ("i27-csv-is-a-dir", gen("--from-csv", "{ws}/mine"), "not a regular file"),
+    ("i27-config-50mb", ["replay", "{big}/config_50mb.yaml", "--out", "{ws}/o", "--quiet"],
+     "over the 16 MiB limit for a YAML file"),
+    ("i27-calibration-50mb", replay("--calibration", "{big}/config_50mb.yaml"), "over the 16 MiB limit"),
+    ("i27-profile-50mb", gen("--num-requests", "2", "--profile", "{big}/config_50mb.yaml"), "over the 16 MiB limit"),
+    ("i27-sweep-config-50mb", ["sweep", "{big}/config_50mb.yaml", "--grid", "system=sglang", "--out", "{ws}/s",
+                               "--workers", "1"], "over the 16 MiB limit"),
+    ("i27-plan-config-50mb", PLAN[:-1] + ["{big}/config_50mb.yaml", "--out", "{ws}/p"], "over the 16 MiB limit"),
+    # ---- reports over malformed plan.json: a visible reason, no traceback
+    ("i27-report-plan-systems-int", ["report", "{ws}/badplan_systems_int", "--out", "{ws}/r"],
+     "plan.json: not a plan file (no 'systems' mapping)"),
+    ("i27-report-plan-entry-int", ["report", "{ws}/badplan_entry_int", "--out", "{ws}/r"],
+     "systems.sglang is not a mapping"),
+    ("i27-report-plan-best-int", ["report", "{ws}/badplan_best_int", "--out", "{ws}/r"],
+     "systems.sglang.best is not a mapping"),
+    ("i27-report-plan-evaluations-int", ["report", "{ws}/badplan_evals", "--out", "{ws}/r"],
+     "evaluations is not a list"),
+    ("i27-report-plan-zero-throughput", ["report", "{ws}/badplan_zero_tput", "--out", "{ws}/r"],
+     "throughput_tok_s must be a finite number > 0"),
+    ("i27-report-plan-nan", ["report", "{ws}/badplan_nan", "--out", "{ws}/r"], "throughput_tok_s"),
+    ("i27-report-plan-truncated", ["report", "{ws}/badplan_truncated", "--out", "{ws}/r"], "not a plan file"),
 ]
 
 
 @pytest.mark.parametrize("argv, needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_cli_input_is_one_line_exit_2_and_changes_nothing(ws, capsys, argv, needle):
+def test_bad_cli_input_is_one_line_exit_2_and_changes_nothing(ws, big, capsys, argv, needle):
     before = snapshot(ws)
     try:
-        code = main([a.replace("{ws}", str(ws)) for a in argv])
+        code = main([a.replace("{ws}", str(ws)).replace("{big}", str(big)) for a in argv])
     except SystemExit as exc:  # argparse usage errors exit from inside parse_args
         code = exc.code
     out, err = capsys.readouterr()
@@ -416,6 +702,14 @@ LIBRARY_CASES = [
     ("free-unknown-request", "cache", lambda c: c.free(42)),
     ("write-without-payload", "cache", lambda c: c.write(np.array([1], dtype=np.int64), np.zeros((1, 4), np.uint8))),
     ("locate-unknown-address", "cache", lambda c: c.locate(np.array([-7], dtype=np.int64))),
+    # issue 27: documented ValueErrors, not OverflowError / MemoryError
+    ("i27-config-gpu-slots-2^70", None, _config(gpu_slots=2**70)),
+    ("i27-config-cpu-slots-2^70", None, _config(cpu_slots=2**70)),
+    ("i27-config-buffer-slots-2^70", None, _config(local_buffer_slots=2**70)),
+    ("i27-config-payload-1e9-bytes", None, _config(payload_bytes=10**9)),
+    ("i27-config-payload-layers-2^30", None, _config(payload_bytes=656, payload_layers=2**30)),
+    ("i27-alloc-2^70-tokens", "cache", lambda c: c.alloc(request_id=2, num_tokens=2**70, rank=0)),
+    ("i27-alloc-many-2^70-tokens", "cache", lambda c: c.alloc_many([2], [2**70], [0])),
 ]
 
 
@@ -424,7 +718,7 @@ def test_bad_library_call_raises_and_changes_nothing(kind, call):
     from ulacache import CapacityError
 
     if kind is None:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError):  # (OverflowError is not a ValueError: it would fail here)
             call()
         return
     cache = _cache()

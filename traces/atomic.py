@@ -57,6 +57,11 @@ def _absolute(path) -> Path:
     return Path(os.path.abspath(path))
 
 
+def _tmp_prefix(name: str) -> str:
+    """`.NAME.tmp-PID-` (+ mkdtemp's random tail): the pid lets a parent clean up after a killed child."""
+    return f".{name}{TMP_MARK}{os.getpid()}-"
+
+
 def _sibling(path: Path, mark: str) -> Path:
     return path.with_name(f".{path.name}{mark}{os.getpid()}-{secrets.token_hex(4)}")
 
@@ -287,7 +292,7 @@ def _replace_file(src: Path, final: Path, command: str) -> None:
     _fsync_file(src)
     os.replace(src, final)
     data = _manifest_doc(command, {final.name: {"bytes": final.stat().st_size, "sha256": _digest(final)}})
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}{TMP_MARK}", dir=final.parent)  # O_EXCL
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(final.name), dir=final.parent)  # O_EXCL
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -306,7 +311,7 @@ def atomic_write(path, write: Callable[[Path], None]) -> Path:
 
     For the internal files of an output this command owns (a sweep's table); no manifest, no ownership check."""
     path = _absolute(path)
-    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}{TMP_MARK}", dir=path.parent))
+    stage = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path.name), dir=path.parent))
     try:
         tmp = stage / path.name
         write(tmp)
@@ -360,7 +365,7 @@ class StagedDir:
     def __enter__(self) -> StagedDir:
         try:
             _make_parents(self.final, self._made)
-            self.path = Path(tempfile.mkdtemp(prefix=f".{self.final.name}{TMP_MARK}", dir=self.final.parent))
+            self.path = Path(tempfile.mkdtemp(prefix=_tmp_prefix(self.final.name), dir=self.final.parent))
             self.path.chmod(0o755)
         except OSError as exc:
             self._cleanup()
@@ -425,7 +430,7 @@ class StagedFile:
         check_out_file(self.final, self.replace, self.command)
         try:
             _make_parents(self.final, self._made)
-            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.final.name}{TMP_MARK}", dir=self.final.parent))
+            self.stage = Path(tempfile.mkdtemp(prefix=_tmp_prefix(self.final.name), dir=self.final.parent))
         except OSError as exc:
             self.__exit__()
             raise OSError(f"{self.final}: cannot create the output ({exc.strerror or exc})") from None

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from traces.atomic import check_out_path
+from traces.atomic import check_out_path, is_manifest
 from traces.captured import CapturedSelections
 from traces.errors import TraceError
 from traces.strict_yaml import read_yaml_file
@@ -41,8 +41,8 @@ class Trace:
         return int(self.selections.top_k)
 
     def bytes_on_disk(self) -> dict:
-        """Bytes per file of the trace directory."""
-        return {p.name: p.stat().st_size for p in sorted(self.path.iterdir()) if p.is_file()}
+        """Bytes per file of the trace directory (its hidden output manifest left out)."""
+        return {p.name: p.stat().st_size for p in sorted(self.path.iterdir()) if p.is_file() and not is_manifest(p.name)}
 
 
 def check_out_dir(path, overwrite: bool = False) -> Path:
