@@ -19,11 +19,13 @@ from traces.strict_yaml import read_yaml_file
 
 DEFAULTS_PATH = Path(__file__).with_name("costs.yaml")
 _TABLE_KEYS = ("h2d_row_efficiency_by_bytes", "d2h_row_efficiency_by_bytes", "peer_row_efficiency_by_bytes",
-               "hisparse_swapin_efficiency_by_batch", "hisparse_mtp_swapin_efficiency_by_batch")
+               "hisparse_swapin_efficiency_by_batch", "hisparse_mtp_swapin_efficiency_by_batch",
+               "hisparse_planned_copy_efficiency_by_batch")
 _FRACTION_KEYS = ("hbm_efficiency", "flops_efficiency", "h2d_row_efficiency", "d2h_row_efficiency",
                   "peer_row_efficiency", "hisparse_swapin_efficiency")
 OPTIONAL_KEYS = ("pcie_host_h2d_cap_bytes_s", "pcie_host_d2h_cap_bytes_s", "pcie_host_cap_bytes_s",  # null = no cap
-                 "hisparse_mtp_swapin_fixed_s", "hisparse_mtp_per_ref_s")  # null = the non-MTP kernel's value
+                 "hisparse_mtp_swapin_fixed_s", "hisparse_mtp_per_ref_s",  # null = the non-MTP kernel's value
+                 "hisparse_planned_copy_fixed_s")  # null = not measured (no fixed time)
 NO_CALIBRATION = "none"  # `calibration="none"` (or `--calibration none`): the uncalibrated sim/costs.yaml defaults
 
 
@@ -219,6 +221,19 @@ class CostModel:
         bw = self.values["pcie_h2d_bw_bytes_s"]
         alone = num_rows * row_bytes / (bw * self.hisparse_swapin_efficiency(batch, mtp))
         return max(0.0, alone - self.hisparse_swapin_link_bytes(num_rows, row_bytes, batch, mtp) / bw)
+
+    def hisparse_replay_link_bytes(self, num_rows: float, row_bytes: float, batch: float) -> float:
+        """PCIe occupancy of one IndexShare skip layer's replay of the anchor's copies (SGLang's copy_cache_planned on
+        its side stream): the call's fixed time (`hisparse_planned_copy_fixed_s`) + the rows at its efficiency at
+        `batch` (`hisparse_planned_copy_efficiency_by_batch`), as the bytes the link would move in that time: the
+        replays run back to back on the side stream, so the layer waiting for them waits that long. Unmeasured: the
+        rows at the exchange kernel's efficiency, no fixed time."""
+        if num_rows <= 0:
+            return 0.0
+        table = self.values.get("hisparse_planned_copy_efficiency_by_batch") or {}
+        eff = _log_interp(max(batch, 1.0), table) if table else self._efficiency("h2d", row_bytes)
+        fixed = self.values.get("hisparse_planned_copy_fixed_s") or 0.0
+        return num_rows * row_bytes / eff + fixed * self.values["pcie_h2d_bw_bytes_s"]
 
     def h2d_s(self, num_rows: float, row_bytes: float) -> float:
         """Scattered rows pinned host -> GPU, alone on the link (0 rows: no transfer)."""

@@ -70,7 +70,8 @@ def _ranks_of(values, n: int) -> np.ndarray:
 
 _add_reduce = np.add.reduce  # ndarray.sum's reduction without the method's dispatch
 _F9 = struct.Struct("9d")  # `_links`' memo key: its nine inputs' exact float64 bits
-NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0}
+NO_LINKS = {"mgmt_s": 0.0, "h2d_bytes": 0.0, "d2h_bytes": 0.0, "peer_bytes": 0.0, "peer_after_h2d_bytes": 0.0,
+            "h2d_replay_bytes": None}
 
 
 @dataclass(frozen=True)
@@ -508,7 +509,9 @@ class Engine:
         sysm, costs = self.system, self.costs
         mgmt = sysm.management_s(costs, ref_rank, unique, misses, n_rank)
         chained = min(peer, home_h2d - h2d) if sysm.tp else 0.0  # peer rows promoted at their home first
+        replay = sysm.h2d_replay_link_bytes(costs, h2d, row_bytes, n_rank)  # None: layers 2..L move as layer 1
         return dict(mgmt_s=float(mgmt), h2d_bytes=float(sysm.h2d_link_bytes(costs, h2d, row_bytes, n_rank)),
+                    h2d_replay_bytes=None if replay is None else float(replay),
                     d2h_bytes=float(costs.d2h_link_bytes(d2h, row_bytes)),
                     peer_bytes=float(costs.peer_link_bytes(peer - chained, row_bytes)),
                     peer_after_h2d_bytes=float(costs.peer_link_bytes(chained, row_bytes)))  # (floats: see _compute)

@@ -236,6 +236,11 @@ class System:
         """PCIe occupancy of `num_rows` host->GPU rows moved for `batch` requests: the calibrated exchange kernel."""
         return costs.h2d_link_bytes(num_rows, row_bytes)
 
+    def h2d_replay_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float | None:
+        """PCIe occupancy of the rows of each of a group's layers 2..L when moved by another kernel than layer 1's
+        (sim/timing.py `GroupWork.h2d_replay_bytes`); None: the same kernel (UlaCache's exchange prefetch)."""
+        return None
+
     # ---- accounting of where the bytes are (token slots, all ranks)
     def footprint(self, unique_tokens: float, num_requests: int, hist: list[float], buffer_slots: float) -> dict:
         """Slots holding history KV now: unique, replicas, buffer copies; plus index-key bytes."""
@@ -405,6 +410,11 @@ class HiSparse(System):
         """Missed rows copied by the swap-in kernel straight from pinned host memory: what the link carries (at
         the larger of the kernel's efficiency at its batch and the calibrated exchange's; `hisparse_swapin_*`)."""
         return costs.hisparse_swapin_link_bytes(num_rows, row_bytes, batch, self.mtp)
+
+    def h2d_replay_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float | None:
+        """Without drafts the skip layers replay the anchor's copies on the side stream (SGLang's copy_cache_planned:
+        `hisparse_replay_link_bytes`); under drafts there is no replay (every layer runs its own swap-in)."""
+        return costs.hisparse_replay_link_bytes(num_rows, row_bytes, batch) if self.prefetch else None
 
     def cache_config(self, k: int, bound: RunBound):
         from ulacache import CacheConfig

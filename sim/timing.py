@@ -92,6 +92,9 @@ class GroupWork:
     # kernel: `pcie_latency_s` is its fitted intercept); False where the rows are read by a kernel whose fixed time is
     # already counted in `mgmt_s` (HiSparse's swap-in reads pinned host memory itself: no copy call, no latency)
     h2d_pays_latency: bool = True
+    # per layer, the H2D occupancy of layers 2..L when their copies differ from layer 1's (HiSparse's IndexShare
+    # replay kernel on the side stream); None = the same as `h2d_bytes`
+    h2d_replay_bytes: float | None = None
 
     @classmethod
     def of(cls, layers: int, compute: dict, links: dict) -> GroupWork:
@@ -113,7 +116,8 @@ class GroupWork:
         if h is None:
             h = hash((self.layers, self.indexer_s, self.allgather_s, self.mgmt_s, self.h2d_bytes, self.d2h_bytes,
                       self.peer_bytes, self.attention_s, self.ffn_s, self.collective_s, self.prefetch,
-                      self.d2h_blocking, self.peer_after_h2d_bytes, self.h2d_pays_latency))  # (field order: see the test)
+                      self.d2h_blocking, self.peer_after_h2d_bytes, self.h2d_pays_latency,
+                      self.h2d_replay_bytes))  # (in field order: see the test)
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -220,7 +224,8 @@ class StepTimer:
     def _quiet_arrival(w: GroupWork, t0: float, row: list) -> float | None:
         """When rank work `w` moves no bytes, its barrier arrival as `_rank` steps the clock from t0 (the same float
         operations: it is only timeouts), with its parts written to `row`; None when it has transfers."""
-        if w.h2d_bytes > 0 or w.peer_bytes > 0 or w.peer_after_h2d_bytes > 0 or w.d2h_bytes > 0:
+        if (w.h2d_bytes > 0 or w.peer_bytes > 0 or w.peer_after_h2d_bytes > 0 or w.d2h_bytes > 0
+                or (w.h2d_replay_bytes or 0.0) > 0):
             return None
         n = w.layers
         mgmt = _mgmt(w)
@@ -408,8 +413,9 @@ class StepTimer:
         if w.prefetch and n > 1:
             h2d_ev = None
             node.hold()
-            if w.h2d_bytes > 0:
-                h2d_ev = node.h2d[r].transfer(w.h2d_bytes * (n - 1), f"h2d prefetch g{g}")
+            rest_h2d = w.h2d_bytes if w.h2d_replay_bytes is None else w.h2d_replay_bytes
+            if rest_h2d > 0:
+                h2d_ev = node.h2d[r].transfer(rest_h2d * (n - 1), f"h2d prefetch g{g}")
                 rest.append(h2d_ev)
             if w.peer_bytes > 0:
                 rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))

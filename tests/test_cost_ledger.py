@@ -20,12 +20,13 @@ N = 8  # GPUs
 GROUPS = [4] * 15 + [3] * 6  # GLM-5.2 IndexShare: 21 indexer groups of consecutive layers (78 layers)
 
 
-def _replay(tmp_path, system: str, draft: int, attention: str = "dp") -> tuple[pd.DataFrame, dict]:
+def _replay(tmp_path, system: str, draft: int, attention: str = "dp", costs: dict | None = None):
+    """(timeline, cost values) of a 5-step replay of one request; `costs`: the config's `costs:` section."""
     cfg = {"system": system, "attention": attention, "model": {"preset": "glm-5.2"}, "spec": {"draft_tokens": draft},
            "workload": {"num_requests": 1, "max_concurrency": 1, "seed": 11, "max_steps": 5},
-           "fidelity": {"policy_groups": 1, "pilot_steps": 0, "request_fraction": 1.0}}
+           "fidelity": {"policy_groups": 1, "pilot_steps": 0, "request_fraction": 1.0}, "costs": costs or {}}
     sim.replay(cfg, tmp_path)
-    return pd.read_parquet(tmp_path / "timeline.parquet"), CostModel.load("h200", "glm-5.2").values
+    return pd.read_parquet(tmp_path / "timeline.parquet"), CostModel.load("h200", "glm-5.2", overrides=costs).values
 
 
 class Ledger:
@@ -76,13 +77,16 @@ class Ledger:
                 self.attention(n, n * M.top_k, heads) + self.ffn(n, not tp) + self.collectives(n / N, tp))
         return over + draft
 
-    def swapin_eff(self, batch: float, mtp: bool) -> float:
+    @staticmethod
+    def at_batch_1(table: dict) -> float:
+        """A per-batch efficiency table at batch 1 (its smallest batch; the tables start at 1)."""
+        assert min(float(k) for k in table) == 1.0, "the hand computation covers batch 1 only"
+        return float(table[min(table, key=float)])
+
+    def swapin_eff(self, mtp: bool) -> float:
         table = (self.v["hisparse_mtp_swapin_efficiency_by_batch"] if mtp else {}) or \
             self.v["hisparse_swapin_efficiency_by_batch"]
-        xs = sorted(float(k) for k in table)
-        if batch <= xs[0]:
-            return float(table[min(table, key=float)])
-        raise AssertionError("the hand computation covers batch 1 only")
+        return self.at_batch_1(table)
 
     def link_eff(self) -> float:
         return float(self.v["h2d_row_efficiency_by_bytes"][M.kv_bytes_per_token_layer])
@@ -92,10 +96,19 @@ class Ledger:
         v, row, bw = self.v, M.kv_bytes_per_token_layer, self.v["pcie_h2d_bw_bytes_s"]
         fixed = (v["hisparse_mtp_swapin_fixed_s"] if mtp else None) or v["hisparse_swapin_fixed_s"]
         per_ref = (v["hisparse_mtp_per_ref_s"] if mtp else None) or v["hisparse_per_ref_s"]
-        eff = self.swapin_eff(1, mtp)
+        eff = self.swapin_eff(mtp)
         link = rows * row / max(eff, self.link_eff()) / bw  # what the link carries
         excess = max(0.0, rows * row / (bw * eff) - link)  # its one block's rate limit beyond that
         return max(fixed, self.kernels(2 if mtp else 1)) + per_ref * refs + excess, link
+
+
+    def replay(self, rows: float) -> float:
+        """One skip layer's replay of the anchor's copies on the side stream (batch 1): its fixed time + the rows at
+        its efficiency (unmeasured: no fixed time, the exchange kernel's efficiency)."""
+        table = self.v["hisparse_planned_copy_efficiency_by_batch"]
+        eff = self.at_batch_1(table) if table else self.link_eff()
+        return (self.v["hisparse_planned_copy_fixed_s"] or 0.0) + rows * M.kv_bytes_per_token_layer / eff / \
+            self.v["pcie_h2d_bw_bytes_s"]
 
 
 def _steps(tl: pd.DataFrame):
@@ -144,17 +157,21 @@ def test_hisparse_mtp_step_is_the_ledger_sum(tmp_path):
         assert s.mgmt_s == pytest.approx(M.num_layers * mgmt, rel=1e-9)
 
 
-def test_hisparse_indexshare_step_is_the_ledger_sum(tmp_path):
+@pytest.mark.parametrize("replay", [{}, {"hisparse_planned_copy_fixed_s": 3e-5,
+                                         "hisparse_planned_copy_efficiency_by_batch": {1: 0.05, 64: 0.8}}])
+def test_hisparse_indexshare_step_is_the_ledger_sum(tmp_path, replay):
     """HiSparse without drafts: per group the anchor layer's swap-in kernel, its copies, then layer 1 while the skip
-    layers' planned copies run on the side stream; layer L waits for the last of them."""
-    tl, v = _replay(tmp_path, "hisparse", 0)
+    layers' replays of its copies run back to back on the side stream; layer L waits for the last of them. Replay
+    costs as committed (unmeasured) and as a slow replay kernel would have them."""
+    tl, v = _replay(tmp_path, "hisparse", 0, costs=replay)
     led = Ledger(v)
     for s in _steps(tl):
         h, rows = s.history_tokens, s.h2d_rows / M.num_layers
         assert rows > 0
         mgmt, x = led.swapin(min(h, M.top_k), rows, mtp=False)
+        y = led.replay(rows)
         c = led.attention(1, min(h, M.top_k), M.num_heads) + led.ffn(1, True) + led.collectives(1 / N, False)
-        per_group = [led.indexer(h, 1) + mgmt + x + c + max((n - 2) * c, (n - 1) * x - c, 0.0) + c for n in GROUPS]
+        per_group = [led.indexer(h, 1) + mgmt + x + c + max((n - 2) * c, (n - 1) * y - c, 0.0) + c for n in GROUPS]
         want = math.fsum(per_group) + led.epilogue(1, 1, M.num_heads, False)
         assert s.step_s == pytest.approx(want, rel=1e-9), s.step
         assert s.mgmt_s == pytest.approx(len(GROUPS) * mgmt, rel=1e-9)

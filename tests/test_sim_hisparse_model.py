@@ -107,3 +107,22 @@ def test_an_explicit_ratio_is_sglangs_fixed_sizing():
     assert s.capacity.notes["host_to_device_ratio"] == 8
     assert s.capacity.reserve_capacity_per_space == pytest.approx(device)
     assert s.capacity.logical_tokens_per_space == pytest.approx(8 * device)
+
+
+def test_indexshare_replay_costs_its_own_kernel_where_measured():
+    """The skip layers' replay (SGLang's copy_cache_planned) has its own fixed time and efficiency when `hw` measured
+    them; unmeasured, its rows move at the exchange's efficiency; under drafts there is no replay."""
+    bare = CostModel.load("h200", "glm-5.2")
+    if not bare["hisparse_planned_copy_efficiency_by_batch"] and not bare["hisparse_planned_copy_fixed_s"]:
+        assert bare.hisparse_replay_link_bytes(1000, 656, 4) == pytest.approx(bare.h2d_link_bytes(1000, 656))
+    fit = CostModel.load("h200", "glm-5.2", overrides={"hisparse_planned_copy_fixed_s": 5e-6,
+                                                       "hisparse_planned_copy_efficiency_by_batch": {1: 0.2, 16: 0.8}})
+    bw = fit["pcie_h2d_bw_bytes_s"]
+    assert fit.hisparse_replay_link_bytes(1000, 656, 4) / bw == pytest.approx(5e-6 + 1000 * 656 / (0.5 * bw))
+    assert fit.hisparse_replay_link_bytes(0, 656, 4) == 0.0
+    plain, spec = _system(), _system("spec.draft_tokens=4")
+    assert plain.h2d_replay_link_bytes(fit, 1000, 656, 4) == fit.hisparse_replay_link_bytes(1000, 656, 4)
+    assert spec.h2d_replay_link_bytes(fit, 1000, 656, 4) is None
+    ula = make_system(build(resolve({}, ["system=ulacache"])), budget_for(build(resolve({}, ["system=ulacache"]))),
+                      MEAN)
+    assert ula.h2d_replay_link_bytes(fit, 1000, 656, 4) is None  # its prefetched layers use its exchange kernel

@@ -127,4 +127,4 @@ def test_group_work_hash_is_its_fields_hash():
 
     w = _work(np.random.default_rng(5), True, True)
     assert hash(w) == hash(dataclasses.astuple(w)) == hash(w)
-    assert [f.name for f in dataclasses.fields(w)][-1] == "h2d_pays_latency"
+    assert [f.name for f in dataclasses.fields(w)][-1] == "h2d_replay_bytes"
