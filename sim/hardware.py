@@ -19,8 +19,8 @@ behind a PCIe switch (`gpus_per_switch` GPUs share its uplink) on one CPU socket
 per socket (the 2-GPU calibration host had both GPUs on one), and the preset's datasheet caps add each switch's
 uplink and each socket's root complex (per direction, in link occupancy) and DRAM (both directions, in line bytes);
 a rank's pinned host KV is on its own socket, or a share of it (`host_kv_remote_fraction`) on the others, whose
-rows cross the inter-socket link and load that socket's DRAM. A cost object without a hardware topology (the fit's
-link table, the tests' stand-ins) is one socket: the node-wide model as before.
+rows cross the inter-socket link (sockets loaded alike: see `pcie_route`). A cost object without a hardware
+topology (the fit's link table, the tests' stand-ins) is one socket: the node-wide model as before.
 """
 from __future__ import annotations
 
@@ -333,9 +333,7 @@ def _occupancy(costs, kind: str, topo: Topology, raw: float | None) -> float | N
 
 
 def _sockets(topo: Topology, num_gpus: int) -> list[int]:
-    """Sockets whose resources ranks 0..num_gpus-1 can load (every socket once host KV is placed across them)."""
-    if topo.remote_fraction > 0:
-        return list(range(topo.num_sockets))
+    """Sockets whose resources ranks 0..num_gpus-1 load."""
     return sorted({topo.socket_of(r) for r in range(num_gpus)})
 
 
@@ -385,8 +383,12 @@ def pcie_route(costs, kind: str, rank: int, row_bytes: float, topo: Topology | N
     """Resources a host<->GPU transfer of `kind` (h2d | d2h) on GPU `rank` crosses, with its load per unit of
     occupancy rate: 1 on its own link, its switch's uplink and its socket's root complex (the same packets); on the
     calibrated host caps of its socket the line bytes per occupancy byte (payload fraction = row efficiency, times
-    line bytes per payload byte); on DRAM the same, split between its own socket and (`remote_fraction`) the others,
-    whose share also crosses the inter-socket link (reads flow to the GPU's socket, writes from it)."""
+    line bytes per payload byte); on DRAM the same; `remote_fraction` of it sits on the other socket(s),
+    whose share also crosses the inter-socket link. Sockets loaded alike (the simulator's symmetric ranks: a
+    simulated rank stands for its copies): the other socket's GPUs put on this socket's DRAM what this socket's put on
+    theirs, and their writes cross the link into this socket as this socket's reads do, so a GPU's remote share is
+    counted on its own socket's DRAM and on the link direction into its socket, for reads and writes alike -- exact
+    whenever the sockets' GPUs move the same rows, and each resource then has only its own socket's GPUs as users."""
     topo = topology_of(costs) if topo is None else topo
     link_bytes = costs.h2d_link_bytes if kind == "h2d" else costs.d2h_link_bytes
     w = line_bytes(row_bytes) / link_bytes(1, row_bytes)
@@ -397,13 +399,12 @@ def pcie_route(costs, kind: str, rank: int, row_bytes: float, topo: Topology | N
         route[f"sw{s}.{k}_{kind}"] = 1.0
     if topo.root_binds():
         route[f"rc{s}_{kind}"] = 1.0
+    if topo.socket_mem_bw_bytes_s:
+        route[f"mem{s}"] = w
     f, others = topo.remote_fraction, topo.others(s)
-    if topo.socket_mem_bw_bytes_s and f < 1:
-        route[f"mem{s}"] = (1.0 - f) * w
-    for t in (others if f > 0 else ()):
-        if topo.socket_mem_bw_bytes_s:
-            route[f"mem{t}"] = f * w / len(others)
-        route[f"upi{t}>{s}" if kind == "h2d" else f"upi{s}>{t}"] = f * w / len(others)
+    if f > 0 and topo.inter_socket_bw_bytes_s:
+        for t in others:
+            route[f"upi{t}>{s}"] = f * w / len(others)
     return route
 
 

@@ -62,17 +62,20 @@ def test_a_shared_switch_uplink_halves_two_gpus_reads():
 
 
 def test_remote_host_kv_crosses_the_inter_socket_link():
-    """All of a rank's host KV on the other socket, a slow inter-socket link: reads take its rate (line bytes);
-    the remote socket's DRAM and the link appear in the route, the local DRAM does not."""
+    """All of a rank's host KV on the other socket, a slow inter-socket link: reads take its rate (line bytes).
+    Sockets load alike, so a GPU's remote share is counted on the link into its own socket (the other socket's
+    writes mirror its own) and on its own socket's DRAM (the other socket's remote rows mirror its own)."""
     upi = 5e9
     cm = _costs(host_kv_remote_fraction=1.0, inter_socket_bw_bytes_s=upi)
     route = pcie_route(cm, "h2d", 0, 656)
-    assert "upi1>0" in route and "mem1" in route and "mem0" not in route
-    assert "upi0>1" in pcie_route(cm, "d2h", 0, 656)  # writes flow away from the GPU's socket
+    assert "upi1>0" in route and "mem0" in route and "mem1" not in route
+    assert "upi1>0" in pcie_route(cm, "d2h", 0, 656) and "upi0>1" in pcie_route(cm, "h2d", 4, 656)
     t = concurrent_exchange_s(cm, 656, [ROWS], [0])[0] - cm["pcie_latency_s"]
     assert t == pytest.approx(ROWS * 768 / upi, rel=1e-9)  # a 656-B row touches 6 lines
     half = _costs(host_kv_remote_fraction=0.5, inter_socket_bw_bytes_s=upi)
     assert concurrent_exchange_s(half, 656, [ROWS], [0])[0] - cm["pcie_latency_s"] == pytest.approx(t / 2, rel=1e-9)
+    # rank 0 alone stands for its 3 socket-mates on the link into socket 0 (its only users: socket 0's GPUs)
+    assert _node_time(half, 8, [0]) == pytest.approx(_node_time(half, 8, range(8)), rel=1e-9)
 
 
 def _node_time(costs, num_gpus: int, ranks, rows: int = ROWS) -> float:
