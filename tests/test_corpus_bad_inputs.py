@@ -218,6 +218,7 @@ def big(tmp_path_factory):
                        ("requests_200mb.jsonl", 200 << 20), ("raw_300mb.json", 300 << 20)):
         with open(root / name, "wb") as fh:
             fh.truncate(size)
+    (root / "rows_10m.csv").write_bytes(b"input_tokens,output_tokens\n" + b"1,1\n" * 10_000_000)  # 40 MB
     return root
 
 
@@ -591,8 +592,9 @@ CASES = [
      "quote_128k.csv: line 2: not valid CSV (field larger than field limit"),
     ("i27-csv-bom-names-the-column-visibly", gen("--from-csv", "{ws}/bom_badcol.csv"), "unknown column 'outputs'"),
     ("i27-csv-over-1m-rows", gen("--from-csv", "{ws}/rows_1m.csv"), "more than 1,000,000 requests"),
-    ("i27-csv-200mb", gen("--from-csv", "{big}/requests_200mb.csv"), "over the 128 MiB limit for a request list"),
-    ("i27-jsonl-200mb", gen("--from-csv", "{big}/requests_200mb.jsonl"), "over the 128 MiB limit"),
+    ("i27-csv-200mb", gen("--from-csv", "{big}/requests_200mb.csv"), "over the 64 MiB limit for a request list"),
+    ("i27-jsonl-200mb", gen("--from-csv", "{big}/requests_200mb.jsonl"), "over the 64 MiB limit"),
+    ("i27-csv-10m-rows", gen("--from-csv", "{big}/rows_10m.csv"), "10,000,001 lines is over the 2,000,000-line"),
     ("i27-csv-is-a-dir", gen("--from-csv", "{ws}/mine"), "not a regular file"),
     ("i27-config-50mb", ["replay", "{big}/config_50mb.yaml", "--out", "{ws}/o", "--quiet"],
      "over the 16 MiB limit for a YAML file"),
