@@ -479,6 +479,9 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
     for name in ("gpu_kv_bytes_per_gpu", "cpu_kv_bytes_per_gpu", "gpu_reserve_bytes"):
         if mem[name] is not None and mem[name] < 0:
             raise ValueError(f"config key memory.{name} must be >= 0 bytes, got {mem[name]}")
+        if mem[name] is not None and mem[name] > HW_RANGES["_bytes"][1]:
+            raise ValueError(f"config key memory.{name} must be <= {HW_RANGES['_bytes'][1]:g} bytes per GPU (a "
+                             f"petabyte), got {mem[name]:g}")
     if mem["gpu_kv_bytes_per_gpu"] is not None and mem["gpu_kv_bytes_per_gpu"] < 1:
         raise ValueError("config key memory.gpu_kv_bytes_per_gpu must be > 0 bytes (the GPU holds the KV of every "
                          f"running request; null for HBM - weights - reserve), got {mem['gpu_kv_bytes_per_gpu']}")

@@ -433,6 +433,22 @@ def _load_sweep_yaml(sweep_dir: Path) -> dict:
     return data
 
 
+def _check_sweep_manifest(sweep_dir: Path) -> None:
+    """--resume writes into the dir: refuse one whose manifest names another command (a sweep dir from before
+    manifests has none and is taken by its sweep.yaml)."""
+    path = sweep_dir / ".ulacache-manifest.json"
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        doc = json.loads(path.read_bytes()) if path.is_file() and path.stat().st_size < 1 << 20 else None
+    except (OSError, ValueError):
+        doc = None
+    if not isinstance(doc, dict) or doc.get("command") != "sweep":
+        what = f"`ulacache {doc['command']}`" if isinstance(doc, dict) and isinstance(doc.get("command"), str) \
+            else "not a sweep's"
+        raise ValueError(f"{sweep_dir}: its manifest is {what} output, not a sweep; nothing to resume")
+
+
 def _recover(point: Point, sweep_dir: Path) -> dict | None:
     """A point whose metrics.json was written but whose row was not (killed in between)."""
     path = sweep_dir / POINTS_DIR / point.point_id / "metrics.json"
@@ -463,6 +479,7 @@ def run_sweep(config_path, grid: dict[str, list], out_dir, sets: list[str] = (),
         raise OSError(f"{sweep_dir}: is a symbolic link; give the directory it points to "
                       f"({os.path.realpath(sweep_dir)})")
     if resume:
+        _check_sweep_manifest(sweep_dir)
         previous = _load_sweep_yaml(sweep_dir)
     else:
         if sweep_dir.exists() and (not sweep_dir.is_dir() or any(p.name != LOCK_NAME for p in sweep_dir.iterdir())):

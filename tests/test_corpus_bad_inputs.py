@@ -123,6 +123,9 @@ FILES = {
     "pc/policy_compare.csv": "policy,hit_ratio\n",
     "theirs.json": "{}\n",
     "theirs.yaml": "costs: {}\n",
+    "replay_with_sweep_yaml/sweep.yaml": "points: []\n",
+    "replay_with_sweep_yaml/.ulacache-manifest.json": json.dumps({"tool": "ulacache", "format": 1,
+                                                                  "command": "replay", "files": {}}),
 }
 
 
@@ -563,6 +566,14 @@ CASES = [
      "config key model.num_layers must be a finite number"),
     ("i27-set-gpu-kv-0", replay("--set", "memory.gpu_kv_bytes_per_gpu=0"),
      "config key memory.gpu_kv_bytes_per_gpu must be > 0 bytes"),
+    ("i27-set-reserve-1e300", replay("--set", "memory.gpu_reserve_bytes=1e300"),
+     "config key memory.gpu_reserve_bytes must be <= 1e+15 bytes per GPU"),
+    ("i27-set-cpu-kv-1e300", replay("--set", "memory.cpu_kv_bytes_per_gpu=1e300"), "memory.cpu_kv_bytes_per_gpu"),
+    ("i27-gen-capture-steps-2^70", gen("--num-requests", "2", "--capture-steps", str(2**70)),
+     "--capture-steps must be in [0, 16,777,215]"),
+    ("i27-sweep-resume-a-replay-dir", ["sweep", "{ws}/good.yaml", "--grid", "system=sglang", "--out",
+                                       "{ws}/replay_with_sweep_yaml", "--resume", "--workers", "1"],
+     "its manifest is `ulacache replay` output, not a sweep"),
     ("i27-config-nan-costs", replay(cfg="nan_costs.yaml"), "nan_costs.yaml: config costs: cost key launch_s"),
     ("i27-config-negative-cost", replay(cfg="neg_cost.yaml"), "mgmt_per_ref_s must be a time in [0, 1] s"),
     ("i27-config-zero-bandwidth", replay(cfg="zero_bw_cost.yaml"), "pcie_h2d_bw_bytes_s must be a rate"),

@@ -40,8 +40,9 @@ def generate_trace(out, profile="multi-lexsum", num_requests: int | None = None,
         num_groups = MODEL_GROUPS[model]
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or not 1 <= num_groups <= 255:
         raise TraceError(f"num_groups must be an integer in [1, 255], got {num_groups!r}")
-    if capture_steps < 0 or capture_query_tokens < 1:
-        raise TraceError("capture steps must be >= 0 and query tokens >= 1")
+    if not 0 <= capture_steps < 1 << 24 or capture_query_tokens < 1:  # a record's step field is 24 bits (captured.py)
+        raise TraceError(f"capture steps must be in [0, {(1 << 24) - 1:,}] and query tokens >= 1, got "
+                         f"{capture_steps:,} and {capture_query_tokens:,}")
     if from_csv is not None:
         requests = import_requests(from_csv, arrival=arrival, rate_per_s=rate_per_s, seed=seed)
         if num_requests is not None:

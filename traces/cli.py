@@ -6,6 +6,7 @@ import argparse
 MODELS = ("glm-5.2", "glm-5", "deepseek-v3.2")
 # Limits with reasons (beyond them a value is a typo that would run for hours or exhaust memory):
 MAX_QUERY_TOKENS = 16  # speculative verify tokens per step: SGLang's EAGLE/MTP recipes use 4 (as replay's limit)
+MAX_CAPTURE_STEPS = (1 << 24) - 1  # decode steps a captured selection record can name (traces/captured.py _MAX_STEP)
 MAX_SAMPLE_STEPS = 4096  # decode steps sampled per request for overlap statistics (a few dozen already converge)
 
 
@@ -61,6 +62,7 @@ def _gen(args: argparse.Namespace) -> int:
     from traces.api import generate_trace
 
     _check_range("--query-tokens", args.query_tokens, 1, MAX_QUERY_TOKENS, "SGLang's EAGLE/MTP recipes use 4")
+    _check_range("--capture-steps", args.capture_steps, 0, MAX_CAPTURE_STEPS, "the compact format's step field")
 
     path = generate_trace(args.out, profile=args.profile, num_requests=args.num_requests, seed=args.seed,
                           model=args.model, num_groups=args.num_groups, arrival=args.arrival, rate_per_s=args.rate,
