@@ -26,6 +26,8 @@ from .translate import AddressIndex
 
 
 class UlaCache:
+    """One layer group's KV cache over GPU and CPU pools (see the module docstring and `ulacache.__init__`)."""
+
     def __init__(self, config: CacheConfig):
         if not isinstance(config, CacheConfig):
             raise ValueError(f"UlaCache needs a CacheConfig, got {type(config).__name__}")
@@ -51,6 +53,7 @@ class UlaCache:
         self._exchanges = functools.partial(plan_exchanges, self.policy, self.buffers)  # Plan.exchanges builds
 
     def _idle(self, what: str) -> None:
+        """ValueError while a plan is pending (`what`: the refused operation)."""
         if self._pending is not None:
             raise ValueError(f"cannot {what} while a plan is pending; commit it first")
 
