@@ -216,3 +216,35 @@ def test_local_ray_binds_loopback(monkeypatch, tmp_path, cfg):
     import os
 
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # and so in the processes Ray spawns
+
+
+def _cli(*argv, fsize: int | None = None):
+    """The real `ulacache` in a subprocess, optionally under a file-size limit (writes past it fail: disk full)."""
+    import os
+    import resource
+    import signal
+
+    def limit():
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return subprocess.run([sys.executable, "-m", "ulacache_cli", *map(str, argv)], capture_output=True, text=True,
+                          preexec_fn=limit, cwd=ROOT, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
+
+
+@pytest.mark.parametrize("command", ["validate", "calibrate"])
+def test_hw_output_disk_full_keeps_the_old_file(tmp_path, command):
+    """Issue 27: `hw validate/calibrate --out` wrote in place (a truncated file on a full disk); now staged."""
+    out = tmp_path / ("v.json" if command == "validate" else "h200.yaml")
+    argv = (["hw", "validate", "--from-json", ROOT / "hw/results/validate_tp2.json", "--out", out]
+            if command == "validate" else
+            ["hw", "calibrate", "--from-json", ROOT / "hw/results/calibration.json", "--out", out])
+    first = _cli(*argv)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = snapshot(tmp_path)
+    proc = _cli(*argv, "--force", fsize=2000)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith("ulacache: error:") and "\n" not in err, err
+    assert "File too large" in err, err
+    assert snapshot(tmp_path) == before  # the old output and its manifest intact, no temporaries

@@ -287,11 +287,11 @@ def check_out_file(path, force: bool, command: str, flag: str = "--force") -> No
         raise OSError(f"{path}: {path.parent} is not writable")
 
 
-def _replace_file(src: Path, final: Path, command: str) -> None:
-    """fsync `src`, rename it onto `final`, then write final's manifest (temp + rename) and fsync the directory."""
+def _stage_manifest(src: Path, final: Path, command: str) -> Path:
+    """fsync the staged `src` and write final's manifest to a temporary name beside it (both can fail on a full
+    disk: call for every file of an output before any rename)."""
     _fsync_file(src)
-    os.replace(src, final)
-    data = _manifest_doc(command, {final.name: {"bytes": final.stat().st_size, "sha256": _digest(final)}})
+    data = _manifest_doc(command, {final.name: {"bytes": src.stat().st_size, "sha256": _digest(src)}})
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(final.name), dir=final.parent)  # O_EXCL
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -299,11 +299,10 @@ def _replace_file(src: Path, final: Path, command: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, file_manifest(final))
     except BaseException:
         _remove(Path(tmp))
         raise
-    _fsync_dir(final.parent)
+    return Path(tmp)
 
 
 def atomic_write(path, write: Callable[[Path], None]) -> Path:
@@ -448,8 +447,18 @@ class StagedFile:
             if src.is_symlink() or not src.is_file():
                 raise OSError(f"{self.final.parent / src.name}: the output is not a regular file")
             check_out_file(self.final.parent / src.name, self.replace, self.command)
-        for src in staged:
-            _replace_file(src, self.final.parent / src.name, self.command)
+        manifests = []
+        try:
+            for src in staged:
+                manifests.append(_stage_manifest(src, self.final.parent / src.name, self.command))
+            for src, manifest in zip(staged, manifests):  # renames only from here: nothing left to run out of
+                os.replace(src, self.final.parent / src.name)
+                os.replace(manifest, file_manifest(self.final.parent / src.name))  # each file's manifest LAST
+        except BaseException:
+            for manifest in manifests:
+                _remove(manifest)
+            raise
+        _fsync_dir(self.final.parent)
         self.published = True
         shutil.rmtree(self.stage, ignore_errors=True)
         return self.final
