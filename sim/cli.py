@@ -25,7 +25,8 @@ def register(subparsers) -> None:
                    help="refuse (exit 2) a replay whose estimated peak memory exceeds this (default: what the "
                    "machine has available)")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing run in --out (and an existing --trace-events file)")
+                   help="replace an earlier run in --out (and --trace-events file) that `ulacache replay` wrote and "
+                        "nobody changed since (its manifest); anything else is refused")
     p.add_argument("--policy-workers", type=int, default=None, metavar="N",
                    help="processes the simulated indexer groups run in (default $ULACACHE_POLICY_WORKERS, else the "
                    "usable cores); every metric but the wall time is the same for any N")

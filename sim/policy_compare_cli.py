@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--query-tokens", type=int, default=1, help="selections per request and step (spec verify)")
     p.add_argument("--max-steps", type=int, default=256, help="engine steps replayed at most")
     p.add_argument("--no-peers", action="store_true", help="run only our policies")
-    p.add_argument("--force", action="store_true", help="replace an earlier policy_compare in DIR")
+    p.add_argument("--force", action="store_true", help="replace an earlier policy_compare in DIR (only files it wrote: their manifests)")
     p.set_defaults(func=_run)
 
 

@@ -18,7 +18,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory (must not exist unless --force)")
     p.add_argument("--calibration", default=None, help="calibration YAML, or 'none'; default: the preset's own")
     p.add_argument("--full", action="store_true", help="keep the config's workload instead of the small one")
-    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--force", action="store_true", help="replace an earlier sensitivity output (its manifest)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_run)
 

@@ -59,7 +59,8 @@ def register(subparsers) -> None:
     pl.add_argument("--workers", type=int, default=None,
                     help="systems searched in parallel processes (default: CPU count; 1 = one after another)")
     pl.add_argument("--out", type=Path, required=True, help="output dir for plan.json, plan.png and the replays")
-    pl.add_argument("--force", action="store_true", help="replace an earlier plan in --out")
+    pl.add_argument("--force", action="store_true", help="replace an earlier plan in --out (only one `ulacache plan` "
+                    "wrote: its manifest)")
     pl.set_defaults(func=_plan)
 
 

@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     g.add_argument("--capture-steps", type=int, default=0, metavar="N",
                    help="also materialize the first N decode steps of selections in the compact format")
     g.add_argument("--query-tokens", type=int, default=1, help="query tokens per step when materializing")
-    g.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
+    g.add_argument("--force", action="store_true", help="replace a trace in --out that ulacache wrote (its manifest)")
     g.set_defaults(func=_gen)
 
     i = sub.add_parser("inspect", help="print counts, length percentiles, overlap statistics, bytes on disk")
@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     c.add_argument("--requests", default=None, metavar="FILE",
                    help="CSV/JSONL of the requests; default: derived from the capture")
     c.add_argument("--top-k", type=int, default=None, help="top-k of the capture (default: largest set size)")
-    c.add_argument("--force", action="store_true")
+    c.add_argument("--force", action="store_true", help="replace a trace in --out that ulacache wrote (its manifest)")
     c.set_defaults(func=_convert)
 
 

@@ -17,7 +17,7 @@ def register(subparsers) -> None:
         "found under DIR and writes PNG figures and index.html (default: DIR/report/).")
     p.add_argument("dir", type=Path, help="directory holding result files (searched recursively)")
     p.add_argument("--out", type=Path, default=None, help="output dir (default: DIR/report)")
-    p.add_argument("--force", action="store_true", help="replace an earlier report in the output dir")
+    p.add_argument("--force", action="store_true", help="replace an earlier report in the output dir (only one `ulacache report` wrote: its manifest)")
     p.set_defaults(func=_report)
 
 
