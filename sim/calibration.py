@@ -38,9 +38,7 @@ DERIVATIONS: dict[str, tuple[str, float]] = {
 # The MTP gather (128 blocks per request) gets the same rule, an assumption (no B300 measured): conservative where it
 # is link-bound on the faster link.
 TABLE_DERIVATIONS: dict[str, tuple[str, float]] = {"hisparse_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0),
-                                                   "hisparse_mtp_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0),
-                                                   # the replay's 4 fixed blocks: bytes in flight, likewise
-                                                   "hisparse_planned_copy_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
+                                                   "hisparse_mtp_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
 
 
 # Validation bounds of cost values read from a calibration, a config's `costs:` or `--set costs.*` (not model
@@ -85,7 +83,7 @@ def check_cost_value(key: str, value, where: str) -> None:
             raise _bad(where, key, f"a rate in (0, {MAX_RATE_BYTES_S:.0e}] bytes/s", value)
     elif key.endswith("_efficiency"):
         if not 0 < value <= 1:
-            raise _bad(where, key, "an efficiency in (0, 1]", value)
+            raise _bad(where, key, "in (0, 1] (an efficiency)", value)
     elif key.endswith("_s"):
         if not 0 <= value <= MAX_TIME_S:
             raise _bad(where, key, f"a time in [0, {MAX_TIME_S:g}] s", value)

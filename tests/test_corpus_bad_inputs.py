@@ -590,7 +590,7 @@ CASES = [
     ("i27-calibration-nan-table", replay("--calibration", "{ws}/cal_nan_table.yaml"),
      "h2d_row_efficiency_by_bytes must be a table"),
     ("i27-calibration-efficiency-2", replay("--calibration", "{ws}/cal_eff_2.yaml"),
-     "peer_row_efficiency must be an efficiency in (0, 1]"),
+     "peer_row_efficiency must be in (0, 1] (an efficiency)"),
     ("i27-sweep-set-cost-nan", sweep("--grid", "system=sglang,hisparse", "--set", "costs.launch_s=.nan"),
      "cost key launch_s must be a finite number"),
     ("i27-sweep-grid-num-gpus-nan", sweep("--grid", "hardware.num_gpus=2,.nan"), "must be a finite number"),
