@@ -38,7 +38,9 @@ DERIVATIONS: dict[str, tuple[str, float]] = {
 # The MTP gather (128 blocks per request) gets the same rule, an assumption (no B300 measured): conservative where it
 # is link-bound on the faster link.
 TABLE_DERIVATIONS: dict[str, tuple[str, float]] = {"hisparse_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0),
-                                                   "hisparse_mtp_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
+                                                   "hisparse_mtp_swapin_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0),
+                                                   # the replay's 4 fixed blocks: bytes in flight, likewise
+                                                   "hisparse_planned_copy_efficiency_by_batch": ("pcie_bw_bytes_s", -1.0)}
 
 
 # Validation bounds of cost values read from a calibration, a config's `costs:` or `--set costs.*` (not model
