@@ -47,6 +47,10 @@ def register(subparsers) -> None:
     h.add_argument("--force", action="store_true", help=_FORCE_HELP)
     h.set_defaults(func=_hisparse)
 
+    _register_validate(sub)
+
+
+def _register_validate(sub) -> None:
     v = sub.add_parser("validate", help="replay a trace on the GPU and in the cost model; per-step error -> JSON")
     v.add_argument("trace", nargs="?", default=None,
                    help="trace directory (requests.parquet + trace.yaml) or 'synthetic' (not with --from-json)")

@@ -152,20 +152,10 @@ def check_plan(plan) -> None:
                 _num(entry[key], 0, f"systems.{name}.{key}", strict=True)
 
 
-def collect(root) -> Results:
-    """Walk `root` and load every result file; raises ValueError when the dir is missing or holds none."""
-    root = Path(root)
-    if not root.exists():
-        raise ValueError(f"{root}: result dir not found")
-    if not root.is_dir():
-        raise ValueError(f"{root}: not a directory")
-    frames, plans, validations, sources, notes = [], [], [], [], []
-
-    def found(name: str) -> list[Path]:  # files under root, skipping hidden temporaries of unfinished writes
-        return sorted(p for p in root.rglob(name) if not _in_temporary(p.relative_to(root))
-                      and not (p.name.startswith(".") and p.name.endswith(MANIFEST_SUFFIX)))
-
-    sweep_dirs = sorted({p.parent for p in found(SWEEP_TABLE)} | {p.parent for p in found(SWEEP_CSV)})
+def _load_sweeps(tables: list[Path], csvs: list[Path], root: Path, frames: list, sources: list,
+                 notes: list) -> list[Path]:
+    """Append each sweep dir's table (results.parquet, else the results.csv beside it) to `frames`; returns the dirs."""
+    sweep_dirs = sorted({p.parent for p in tables} | {p.parent for p in csvs})
     for d in sweep_dirs:
         df, used = None, None
         for name, read in ((SWEEP_TABLE, pd.read_parquet), (SWEEP_CSV, pd.read_csv)):
@@ -182,9 +172,13 @@ def collect(root) -> Results:
         df["source"] = str(d.relative_to(root)) or "."
         frames.append(df)
         sources.append(str((d / used).relative_to(root)))
+    return sweep_dirs
 
+
+def _load_plans(paths: list[Path], root: Path, plans: list, sources: list, notes: list) -> list[Path]:
+    """Append each readable plan.json (check_plan) to `plans`, a note for the others; returns the plan dirs."""
     plan_dirs = []
-    for path in found("plan.json"):
+    for path in paths:
         try:
             plan = _read_json(path)
             check_plan(plan)
@@ -195,6 +189,24 @@ def collect(root) -> Results:
         plans.append(plan)
         plan_dirs.append(path.parent)
         sources.append(plan["_path"])
+    return plan_dirs
+
+
+def collect(root) -> Results:
+    """Walk `root` and load every result file; raises ValueError when the dir is missing or holds none."""
+    root = Path(root)
+    if not root.exists():
+        raise ValueError(f"{root}: result dir not found")
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a directory")
+    frames, plans, validations, sources, notes = [], [], [], [], []
+
+    def found(name: str) -> list[Path]:  # files under root, skipping hidden temporaries of unfinished writes
+        return sorted(p for p in root.rglob(name) if not _in_temporary(p.relative_to(root))
+                      and not (p.name.startswith(".") and p.name.endswith(MANIFEST_SUFFIX)))
+
+    sweep_dirs = _load_sweeps(found(SWEEP_TABLE), found(SWEEP_CSV), root, frames, sources, notes)
+    plan_dirs = _load_plans(found("plan.json"), root, plans, sources, notes)
 
     rows = []
     for path in found("metrics.json"):
