@@ -79,8 +79,10 @@ def _fractions(text: str) -> list[float]:
 
 
 def _positive(name: str, value) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+    import math
+
+    if value is not None and not (value > 0 and math.isfinite(value)):  # nan and inf refused too
+        raise ValueError(f"{name} must be > 0 (a finite number), got {value}")
 
 
 def _sweep(args: argparse.Namespace) -> int:
