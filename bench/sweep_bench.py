@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.sweep import parse_grid, run_sweep  # noqa: E402
+from sim.studies.sweep import parse_grid, run_sweep  # noqa: E402
 
 BENCH_CONFIG = {"system": "ulacache", "attention": "dp", "hardware": {"preset": "h200", "num_gpus": 8},
                 "model": {"preset": "glm-5.2"},

@@ -1,10 +1,11 @@
-"""`python -m hw bench|calibrate|validate`: the hw commands without the other packages' CLIs (device hosts)."""
+"""`python -m hw bench|calibrate|hisparse|validate`: the hw commands (front-end: ulacache_cli/hw.py) without the
+other commands (device hosts, their scripts and the provenance the results record use this form)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from hw.cli import register
+from ulacache_cli.hw import register
 
 
 def main(argv=None) -> int:

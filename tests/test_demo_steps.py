@@ -13,7 +13,7 @@ def test_demo_runs_policy_compare_before_the_report(tmp_path, monkeypatch):
     steps = []
     monkeypatch.setattr(demo, "_step", lambda title, argv: steps.append(argv))
     monkeypatch.setattr(demo, "_rule", lambda title: None)
-    monkeypatch.setattr("sim.sweep.run_demo_sweeps",
+    monkeypatch.setattr("sim.studies.sweep.run_demo_sweeps",
                         lambda *a, sweeps, **k: {name: pd.DataFrame({"status": ["ok"]}) for name in sweeps})
     monkeypatch.setattr(demo, "HW_RESULTS", tmp_path / "none")
     args = argparse.Namespace(config=demo.DEFAULT_CONFIG, out=tmp_path / "o", num_requests=48, workers=1,
@@ -24,7 +24,7 @@ def test_demo_runs_policy_compare_before_the_report(tmp_path, monkeypatch):
     pc = steps[2]
     assert pc[1] == str(tmp_path / "o" / "trace") and pc[pc.index("--out") + 1] == str(tmp_path / "o" /
                                                                                          "policy_compare")
-    from sim import policy_compare_cli
+    from ulacache_cli import policy_compare as policy_compare_cli
 
     parser = argparse.ArgumentParser()
     policy_compare_cli.register(parser.add_subparsers(dest="command"))

@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_imports_without_cupy():
     import hw.bench  # noqa: F401
     import hw.calibrate  # noqa: F401
-    import hw.cli  # noqa: F401
     import hw.executors  # noqa: F401
     import hw.validate  # noqa: F401
     import ulacache.backends.cupy_copy  # noqa: F401  (cupy only inside functions)
+    import ulacache_cli.hw  # noqa: F401
 
 
 def test_fit_latency_bandwidth_recovers_a_line():

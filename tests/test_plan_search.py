@@ -6,7 +6,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.plan import Evaluation, search_peak
+from sim.studies.plan import Evaluation, search_peak
 
 
 def synthetic(peak: int, slope: float, slo_edge: int, ceiling: int, fail_at: int = 0):
@@ -89,7 +89,7 @@ def test_rel_tol_trades_replays_for_precision():
 def test_search_limit_without_num_requests(tmp_path, monkeypatch):
     """A base config without workload.num_requests (each cap then draws 2 x cap requests) searches up to its
     max_concurrency; with num_requests given, up to that."""
-    import sim.plan as plan
+    import sim.studies.plan as plan
 
     seen = []
 
@@ -112,7 +112,7 @@ def test_buffer_fractions_search_ulacache_splits(tmp_path, monkeypatch):
     """--buffer-fractions adds one UlaCache search per local-buffer share (TP only) and names the best split."""
     import pytest
 
-    import sim.plan as plan
+    import sim.studies.plan as plan
 
     def fake(job):
         frac = next((float(o.split("=")[1]) for o in job["overrides"] if "local_buffer_fraction" in o), None)
@@ -134,7 +134,7 @@ def test_buffer_fractions_search_ulacache_splits(tmp_path, monkeypatch):
 def test_caps_without_a_steady_window_are_named():
     """The demo's 541 -> 740 tok/s jump between caps 22 and 23 at the same admission (20): at requests-per-cap 1
     cap 22 had no steady window (whole-run figure) and cap 23 one of 2 steps; plan names such caps."""
-    from sim.plan import _evaluation, unsteady_caps
+    from sim.studies.plan import _evaluation, unsteady_caps
 
     evals = [_evaluation(c, {"decode_throughput_tok_s": t, "tpot_ms_p50": 20.0, "max_admitted_concurrency": 20,
                              "steady_window_steps": w}, "tpot_ms_p50")

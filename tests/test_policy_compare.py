@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from sim import peers
-from sim.policy_compare import ReferenceStream, compare, replay_ours
+from sim.studies import peers
+from sim.studies.policy_compare import ReferenceStream, compare, replay_ours
 from ulacache_cli.main import main
 
 HAS_LCS = peers.available() is not None
@@ -37,7 +37,7 @@ def test_exact_lru_equals_libcachesim_lru_hit_for_hit(slots):
 @needs_lcs
 def test_batched_feed_order_puts_lru_hits_first(tmp_path):
     """The defined order (most recently referenced first) makes every LRU hit of a batch precede every miss."""
-    from sim.policy_compare import extract_stream
+    from sim.studies.policy_compare import extract_stream
     from traces import generate_trace, open_trace
 
     path = generate_trace(tmp_path / "t", profile="small", num_requests=3, seed=1, num_groups=3)

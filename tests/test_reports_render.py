@@ -17,8 +17,8 @@ import yaml
 
 from reports import build_report
 from reports.collect import collect
-from sim.plan import Evaluation, _add_speedups, search_peak
-from sim.sweep import parse_grid, run_sweep
+from sim.studies.plan import Evaluation, _add_speedups, search_peak
+from sim.studies.sweep import parse_grid, run_sweep
 
 CAPACITY = {"sglang": 12, "hisparse": 24, "ulacache": 48}  # requests each system can admit (fixture numbers)
 
@@ -192,7 +192,7 @@ def compare_dirs(tmp_path_factory):
 def test_policy_compare_curves_in_miss_ratio_figure(tmp_path, full_report, compare_dirs):
     import shutil
 
-    from sim import peers
+    from sim.studies import peers
 
     root = tmp_path / "r"
     shutil.copytree(full_report[0], root, ignore=shutil.ignore_patterns("report"))  # replays, plan, validation

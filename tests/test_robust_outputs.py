@@ -112,7 +112,7 @@ def test_policy_compare_ignores_planted_links_at_temp_names(tmp_path, capsys):
 
 
 def test_sensitivity_force_keeps_sibling_dirs(tmp_path):
-    from sim.sensitivity_cli import write
+    from ulacache_cli.sensitivity import write
 
     out = tmp_path / "sens"
     sibling = tmp_path / ".sens.old"

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim import sensitivity
 from sim.config import build, resolve
 from sim.costs import CostModel
+from sim.studies import sensitivity
 
 TINY = {"system": "sglang", "attention": "dp", "hardware": {"preset": "h200", "num_gpus": 8},
         "model": {"preset": "glm-5.2"}, "spec": {"draft_tokens": 0}, "workload": {"num_requests": 8, "seed": 3}}

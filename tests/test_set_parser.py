@@ -6,7 +6,7 @@ import pytest
 
 import sim
 from sim.config import format_set, parse_grid_item, parse_set
-from sim.sweep import make_points, parse_grid, parse_sets, sim_resolve
+from sim.studies.sweep import make_points, parse_grid, parse_sets, sim_resolve
 from ulacache_cli.main import main
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + "".join(
@@ -95,8 +95,8 @@ def test_replay_sweep_plan_accept_alike(item, cfg, tmp_path, monkeypatch):
         seen.append(sim_resolve(path, overrides))
         raise Stop
 
-    monkeypatch.setattr("sim.sweep.sim_resolve", spy)
-    from sim.plan import run_plan
+    monkeypatch.setattr("sim.studies.sweep.sim_resolve", spy)
+    from sim.studies.plan import run_plan
 
     with pytest.raises(Stop):
         run_plan(model="glm-5.2", hardware="h200", num_gpus=8, slo_tpot_ms=50, systems=["sglang"], attention="dp",

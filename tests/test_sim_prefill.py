@@ -134,7 +134,7 @@ def test_metrics_file_carries_the_mode(tmp_path, profile):
 def test_sweep_over_modes_and_its_report(tmp_path, profile):
     """A sweep over both modes writes one table (TTFT null where untimed) and the report draws from it."""
     from reports import build_report
-    from sim.sweep import parse_grid, run_sweep
+    from sim.studies.sweep import parse_grid, run_sweep
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**BASE, "system": "sglang", "attention": "tp",

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.sweep import expand_grid, parse_grid, parse_sets, point_id, run_sweep
+from sim.studies.sweep import expand_grid, parse_grid, parse_sets, point_id, run_sweep
 
 TESTS = Path(__file__).resolve().parent
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from reports import build_report
-from sim.sweep import parse_grid, run_sweep
+from sim.studies.sweep import parse_grid, run_sweep
 from ulacache_cli.main import main
 
 # small and fast: 4 short requests, 2 of the 21 indexer groups through the policy, policy every 4th step
@@ -142,7 +142,7 @@ def test_sigkill_mid_sweep_then_resume(fast_config, tmp_path):
 
 
 def test_run_demo_sweeps_layout(fast_config, tmp_path):
-    from sim.sweep import DEMO_SWEEPS, run_demo_sweeps
+    from sim.studies.sweep import DEMO_SWEEPS, run_demo_sweeps
 
     assert set(DEMO_SWEEPS) == {"compare", "policy"}
     tiny = {"a": (["system=sglang", "workload.max_concurrency=1,2"], []),

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import sim
-from sim.sweep import ResultsTable, death_message, parse_grid, run_point, run_sweep, sim_replay
+from sim.studies.sweep import ResultsTable, death_message, parse_grid, run_point, run_sweep, sim_replay
 
 
 def resolve(config_path: Path, overrides: list) -> dict:
@@ -83,7 +83,7 @@ def test_failed_results_write_leaves_no_tmp(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
-    from sim.sweep import Point
+    from sim.studies.sweep import Point
 
     with pytest.raises(OSError):
         table.add(Point("abc", {"system": "x"}, {"system": "x"}), {"status": "ok", "metrics": {}})

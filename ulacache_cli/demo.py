@@ -2,8 +2,8 @@
 
 1. generate a small Multi-LexSum-shaped trace (`ulacache trace gen`) and print its statistics (`trace inspect`);
 2. replay SGLang (GPU-resident), HiSparse (fixed per-request quota) and UlaCache on it over concurrency caps, and
-   UlaCache's PB-LRU against exact LRU over GPU pool sizes: the resumable sweeps of `sim.sweep.DEMO_SWEEPS` on a
-   local Ray (`--workers 1` runs them in-process);
+   UlaCache's PB-LRU against exact LRU over GPU pool sizes: the resumable sweeps of
+   `sim.studies.sweep.DEMO_SWEEPS` on a local Ray (`--workers 1` runs them in-process);
 3. replay one layer group's reference stream of the trace through our pb-lru and lru and libCacheSim's LRU,
    S3-FIFO, ARC and Belady's optimum (`ulacache policy-compare`; peers only with the `peers` extra), cut to
    POLICY_COMPARE_ARGS (128 engine steps, 16 of them warm-up, at 20K/40K/80K GPU slots: ~20 s of CPU, ~40 s wall on
@@ -66,7 +66,7 @@ def _demo(args: argparse.Namespace) -> int:
                                      "--seed", str(args.seed), "--out", str(trace), "--force"])
     _step("2/6 inspect the trace", ["trace", "inspect", str(trace)])
 
-    from sim.sweep import DEMO_SWEEPS, run_demo_sweeps
+    from sim.studies.sweep import DEMO_SWEEPS, run_demo_sweeps
 
     _rule("3/6 replay sglang / hisparse / ulacache over concurrency caps; pb-lru vs lru over GPU pool sizes")
     on_trace = [f"workload.trace={trace}", f"workload.seed={args.seed}"]

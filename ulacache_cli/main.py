@@ -1,7 +1,7 @@
 """Entry point of the `ulacache` command.
 
-Each package contributes its sub-commands through a `register(subparsers)` function in its `cli` module; the
-handler it sets as `func` returns an exit status. User errors (bad input, bad configs, missing files) are raised as
+Each sub-command (or group of them) has its front-end module in this package (COMMAND_MODULES) with a
+`register(subparsers)` function; the handler it sets as `func` returns an exit status. User errors (bad input, bad configs, missing files) are raised as
 `ValueError` / `OSError` (or subclasses) and become one line on stderr with exit status 2, never a traceback.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from ulacache.errors import CapacityError
 from ulacache_cli.extras import missing_extra
 
 # Modules that add sub-commands; each must stay cheap to import (heavy imports go inside the handlers).
-COMMAND_MODULES = ("traces.cli", "sim.cli", "sim.sweep_cli", "sim.policy_compare_cli", "sim.sensitivity_cli", "hw.cli",
-                   "ulacache_cli.report", "ulacache_cli.demo")
+COMMAND_MODULES = ("ulacache_cli.trace", "ulacache_cli.replay", "ulacache_cli.sweep", "ulacache_cli.policy_compare",
+                   "ulacache_cli.sensitivity", "ulacache_cli.hw", "ulacache_cli.report", "ulacache_cli.demo")
 
 
 _SIM_HINT = ("lower workload.num_requests or workload.max_concurrency, or sample more coarsely "

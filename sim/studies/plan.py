@@ -160,7 +160,7 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
     returns the plan dict. `buffer_fractions`: UlaCache under TP is also searched with each of these shares of the
     GPU KV budget for its local buffer (`ulacache.local_buffer_fraction`), as entries `ulacache@buffer=F` beside
     the default split; `split_choice` names the best."""
-    from sim.sweep import _override, parse_sets, sim_resolve
+    from sim.studies.sweep import _override, parse_sets, sim_resolve
 
     out_dir = Path(out_dir)
     config_path = Path(config) if config is not None else default_config()
@@ -215,7 +215,7 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
 
 def _search_system(job: dict) -> dict:
     """One system's search over real replays (top-level so a process pool can run it)."""
-    from sim.sweep import run_point, sim_replay, sim_resolve
+    from sim.studies.sweep import run_point, sim_replay, sim_resolve
 
     system, out_dir, slo_metric = job["system"], Path(job["out_dir"]), job["slo_metric"]
     say = _printer(job["progress"])

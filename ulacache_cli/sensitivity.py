@@ -40,7 +40,7 @@ def write(result: dict, out: Path, force: bool = False) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sim import sensitivity
+    from sim.studies import sensitivity
     from traces.atomic import check_out_path
 
     check_out_path(args.out, args.force, command="sensitivity", what="sensitivity output")  # before the replays
@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_topology(result: dict) -> None:
-    """The node-topology values at the ends of their plausible ranges (sim/sensitivity.py TOPOLOGY)."""
+    """The node-topology values at the ends of their plausible ranges (sim/studies/sensitivity.py TOPOLOGY)."""
     rows = result.get("topology_rows") or []
     if not rows:
         return

@@ -1,5 +1,5 @@
 """`ulacache policy-compare TRACE --out DIR`: hit ratios of our policies and libCacheSim's on one layer group's
-reference stream (cheap to import; the work is in sim.policy_compare)."""
+reference stream (cheap to import; the work is in sim.studies.policy_compare)."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +17,7 @@ OUTPUTS = ("policy_compare.parquet", "policy_compare.csv", "policy_compare.json"
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "policy-compare", help="our pb-lru/lru vs libCacheSim LRU, S3-FIFO, ARC, Belady on a trace's references",
-        description="Replays one layer group's deduplicated reference stream (see sim/policy_compare.py) through "
+        description="Replays one layer group's deduplicated reference stream (see sim/studies/policy_compare.py) through "
         "our pb-lru and lru and, when the 'peers' extra (libcachesim) is installed, libCacheSim's LRU, S3-FIFO, ARC "
         "and Belady's offline optimum, at each GPU pool size; writes policy_compare.parquet/.csv/.json to DIR.")
     p.add_argument("trace", type=Path, help="trace directory (ulacache trace gen)")
@@ -47,7 +47,7 @@ def _sizes(text: str) -> list[int]:
 def _run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from sim.policy_compare import compare
+    from sim.studies.policy_compare import compare
     from traces.atomic import StagedFile, check_out_file
 
     out: Path = args.out
@@ -70,8 +70,8 @@ def _run(args: argparse.Namespace) -> int:
         stage.publish()
     show = df.assign(hit_ratio=df["hit_ratio"].round(4)).pivot(index="policy", columns="gpu_slots",
                                                                   values="hit_ratio")
-    from sim.peers import PEERS
-    from sim.policy_compare import OURS
+    from sim.studies.peers import PEERS
+    from sim.studies.policy_compare import OURS
 
     show = show.reindex([p for p in (*OURS, *PEERS) if p in show.index])
     print(f"policy-compare: group {meta['group']}, {meta['num_steps']} steps ({meta['warmup_steps']} warm-up), "

@@ -177,7 +177,7 @@ def compare(trace_path, gpu_slots=(20000, 40000, 80000), group: int | None = Non
             num_requests: int | None = None, concurrency: int = 8, query_tokens: int = 1, max_steps: int = 256,
             peers: bool = True) -> tuple[list[dict], dict]:
     """Rows (policy, implementation, gpu_slots, hits, refs, hit_ratio) and a meta dict for policy_compare.json."""
-    from sim import peers as peer_mod
+    from sim.studies import peers as peer_mod
     from traces import open_trace
 
     sizes = [int(s) for s in gpu_slots]

@@ -90,7 +90,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from sim.sweep import parse_grid, run_sweep
+    from sim.studies.sweep import parse_grid, run_sweep
 
     grid = parse_grid(args.grid)
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
@@ -107,7 +107,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from sim.plan import print_plan, run_plan
+    from sim.studies.plan import print_plan, run_plan
 
     _positive("--num-gpus", args.num_gpus)
     _positive("--gpu-kv-gb", args.gpu_kv_gb)
