@@ -15,8 +15,8 @@ Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
   scaling by 1/k while the floor kept one request per space doubled (pilot: up to 8x) the pressure.
 - `step_stride`: the policy runs every Nth decode step; steps in between reuse the last measured ratios.
 - The pilot holds every group's cache at once; when that would exceed `PILOT_MAX_ENTRIES` (history entries and GPU
-  copies the caches may hold, sim/footprint.entries_held: a count of what is simulated, not the library's bytes, so
-  a change of the library's memory layout never changes a result), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
+  copies the caches may hold, the cache factory's `entries_held` (sim/footprint.entries_held): a count of what is
+  simulated, not the library's bytes, so a change of the library's memory layout never changes a result), the pilot runs on a coarser request sample (stride `pilot_k`, the smallest multiple of k that fits), and at its end the
   representatives' caches are rebuilt at stride k with the running requests re-admitted (their history placed as
   at admission, GPU-first) and warmed up by replaying the pilot's steps on them, uncounted. Memory then follows the
   simulated groups, not all groups.
@@ -293,11 +293,9 @@ class PolicyRunner:
         pilot_k = k
         if bound is None:
             return [(num_groups, pilot_k), (want, k)]
-        config = getattr(make_cache, "config", None)
-        if config is not None:  # entries and copies each stride's caches hold (never the library's bytes)
-            from sim.footprint import entries_held
-
-            cost = lambda kk: num_groups * entries_held(config(kk), bound, kk)  # noqa: E731
+        held = getattr(make_cache, "entries_held", None)
+        if held is not None:  # entries and copies each stride's caches hold (never the library's bytes)
+            cost = lambda kk: num_groups * held(kk)  # noqa: E731
         else:
             cost = lambda kk: num_groups * bound.cache_entries(kk)  # noqa: E731
         limit = PILOT_MAX_ENTRIES  # coarser only while that samples fewer (each space keeps one)

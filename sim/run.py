@@ -75,6 +75,9 @@ def cache_factory(cfg: SimConfig, system, requests):
 
     make.bound = bound  # what the runner needs to keep its pilot's state bounded
     make.config = lambda k: system.cache_config(k, bound)  # the cache's configuration, without building it
+    # what the runner sizes its pilot by (footprint.entries_held): asked of the factory, so that sim.policy needs
+    # nothing of sim.footprint (which reads the runner's phases: no import cycle)
+    make.entries_held = lambda k: footprint.entries_held(make.config(k), bound, k)
     return make
 
 
