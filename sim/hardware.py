@@ -683,74 +683,91 @@ class Fabric:
         if ev is not self._pending:
             return  # superseded by a later re-plan
         now = self.env.now
+        finished = self._advance_flows(now)
+        if finished is None:
+            self._replan()
+            return
+        self._end_flows(self._drop(finished), now)
+
+    def _advance_flows(self, now: float):
+        """Move every flow's remainder on to `now`; the indices of those that end, or None when none does."""
         dt = now - self._last
         self._last = now
-        flows = self._flows
         clock = max(1e-12, abs(now) * 1e-12)
         finished = None
         if dt > 0:
-            for k, e in enumerate(flows):
+            for k, e in enumerate(self._flows):
                 left = e[0] = e[0] - e[5] * dt
                 if left <= e[7] or left <= e[5] * clock:
                     finished = [k] if finished is None else finished + [k]
         else:
-            for k, e in enumerate(flows):
+            for k, e in enumerate(self._flows):
                 left = e[0]
                 if left <= e[7] or left <= e[5] * clock:
                     finished = [k] if finished is None else finished + [k]
-        if finished is not None:
-            if len(finished) == 1:  # the usual case: one flow ends
-                done = [flows.pop(finished[0])]
-                del self._sig[finished[0]]
-            else:
-                done = [flows[k] for k in finished]
-                gone = set(finished)
-                sig = self._sig
-                self._flows = [e for k, e in enumerate(flows) if k not in gone]
-                self._sig = [x for k, x in enumerate(sig) if k not in gone]
-            env = self.env
-            # done events in place: each takes its id now, as `succeed` would, and after the re-plan (as simpy's
-            # `step` would next) its callbacks run here -- while nothing else is due before it (an event queued at
-            # this instant earlier, or an urgent one a callback scheduled); from the first that is not, the rest
-            # are queued with their ids. A run's `until` event is left to simpy (its stop).
-            inline = self.shortcuts
-            if inline:
-                for e in done:
-                    if self._stop in e[1].callbacks:
-                        inline = False
-            followed = False
-            ids = []
+        return finished
+
+    def _drop(self, finished: list) -> list:
+        """Take the flows at indices `finished` out of the active ones (and their signature); they, in order."""
+        flows = self._flows
+        if len(finished) == 1:  # the usual case: one flow ends
+            del self._sig[finished[0]]
+            return [flows.pop(finished[0])]
+        done = [flows[k] for k in finished]
+        gone = set(finished)
+        self._flows = [e for k, e in enumerate(flows) if k not in gone]
+        self._sig = [x for k, x in enumerate(self._sig) if k not in gone]
+        return done
+
+    def _end_flows(self, done: list, now: float) -> None:
+        """Succeed the done flows' events and re-plan the rest.
+
+        Done events in place: each takes its id now, as `succeed` would, and after the re-plan (as simpy's `step`
+        would next) its callbacks run here -- while nothing else is due before it (an event queued at this instant
+        earlier, or an urgent one a callback scheduled); from the first that is not, the rest are queued with their
+        ids. A run's `until` event is left to simpy (its stop)."""
+        env = self.env
+        inline = self.shortcuts
+        if inline:
             for e in done:
-                if self.recorder is not None:
-                    self.recorder.span(e[6].name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
-                if inline:
-                    ids.append(next(env._eid))
-                else:
-                    e[1].succeed()
-                followed = followed or e[8]
-            if followed and self._flows and self.shortcuts:
-                # a done event just scheduled starts a flow when processed, at this instant (before the clock moves
-                # or this wake-up could fire: it is queued before it), and that start re-plans: this plan would be
-                # superseded unread, so only its event (a wake-up that would do nothing) is counted
-                next(env._eid)
-                self._pending = None
-            else:
-                self._replan()
+                if self._stop in e[1].callbacks:
+                    inline = False
+        followed = False
+        ids = []
+        for e in done:
+            if self.recorder is not None:
+                self.recorder.span(e[6].name, e[3] or "transfer", e[2], now, {"bytes": round(e[4])})
             if inline:
-                queue = env._queue
-                for k, e in enumerate(done):
-                    ev = e[1]
-                    ev._ok, ev._value = True, None
-                    if queue and queue[0] < (now, 1, ids[k]):
-                        for j in range(k, len(done)):
-                            done[j][1]._ok, done[j][1]._value = True, None
-                            heappush(queue, (now, 1, ids[j], done[j][1]))
-                        break
-                    callbacks, ev.callbacks = ev.callbacks, None
-                    for callback in callbacks:
-                        callback(ev)
-            return
-        self._replan()
+                ids.append(next(env._eid))
+            else:
+                e[1].succeed()
+            followed = followed or e[8]
+        if followed and self._flows and self.shortcuts:
+            # a done event just scheduled starts a flow when processed, at this instant (before the clock moves or
+            # this wake-up could fire: it is queued before it), and that start re-plans: this plan would be
+            # superseded unread, so only its event (a wake-up that would do nothing) is counted
+            next(env._eid)
+            self._pending = None
+        else:
+            self._replan()
+        if inline:
+            self._run_done(done, ids, now)
+
+    def _run_done(self, done: list, ids: list, now: float) -> None:
+        """Run the done events' callbacks in place, in order, until one would run after an event already due at
+        this instant; that one and the rest go on simpy's queue with the ids they took."""
+        queue = self.env._queue
+        for k, e in enumerate(done):
+            ev = e[1]
+            ev._ok, ev._value = True, None
+            if queue and queue[0] < (now, 1, ids[k]):
+                for j in range(k, len(done)):
+                    done[j][1]._ok, done[j][1]._value = True, None
+                    heappush(queue, (now, 1, ids[j], done[j][1]))
+                break
+            callbacks, ev.callbacks = ev.callbacks, None
+            for callback in callbacks:
+                callback(ev)
 
     def followed(self, done) -> None:
         """Say that processing the done event of the active flow `done` starts another flow (a chained fetch): the
