@@ -421,27 +421,36 @@ class PolicyRunner:
                  rid_ranks) -> dict[int, dict]:
         """Access every simulated group with the simulated requests' selections; returns ratios per group.
         `rids` are all running requests in admission order, `spaces`/`rid_ranks` theirs (for a pilot's re-admission)."""
-        sampled = self.sampled
-        if len(rids) == 1:  # batch size 1
-            if rids[0] not in sampled:
-                return self.last
-            sids, s_hist, s_steps = rids, hist, steps
-        else:
-            sel_idx = [i for i, r in enumerate(rids) if r in sampled]
-            if not sel_idx:
-                return self.last
-            if len(sel_idx) == len(rids):  # every running request is simulated (full fidelity)
-                sids, s_hist, s_steps = rids, hist, steps
-            else:
-                sids = [rids[i] for i in sel_idx]
-                s_hist = hist[sel_idx]
-                s_steps = steps[sel_idx]
+        picked = self._simulated(rids, hist, steps)
+        if picked is None:
+            return self.last
+        sids, s_hist, s_steps = picked
         per_rank = self._per_rank(sids, s_hist, q)
         if self.pilot_left and self.k != self.main_k:  # what the rebuilt caches replay to warm up (`_resample`)
             self.pilot_log.append((list(rids), np.asarray(hist).copy(), np.asarray(steps).copy(), q))
         if self._fork_due:  # (at a step's start: the children then hold every step they are asked for)
             self._fork_due = False
             self._fork_workers()
+        self.last = self._ratios_of(self._step_everywhere(sids, s_hist, s_steps, q), per_rank)
+        if self.pilot_left:
+            self._pilot_step(rids, hist, spaces, rid_ranks)
+        return self.last
+
+    def _simulated(self, rids: list[int], hist: np.ndarray, steps: np.ndarray):
+        """The simulated ones of the running requests, with their rows of `hist` and `steps`; None when none is."""
+        sampled = self.sampled
+        if len(rids) == 1:  # batch size 1
+            return (rids, hist, steps) if rids[0] in sampled else None
+        sel_idx = [i for i, r in enumerate(rids) if r in sampled]
+        if not sel_idx:
+            return None
+        if len(sel_idx) == len(rids):  # every running request is simulated (full fidelity)
+            return rids, hist, steps
+        return [rids[i] for i in sel_idx], hist[sel_idx], steps[sel_idx]
+
+    def _step_everywhere(self, sids: list[int], s_hist: np.ndarray, s_steps: np.ndarray, q: int) -> dict:
+        """One step of every simulated group, here and in the group workers: {group: totals}. The first steps of a
+        replay that could fork are timed (`_probe`)."""
         probing = not self.pilot_left and self.workers is None and self._probe_left > 0
         if probing:
             t0 = time.perf_counter()
@@ -456,6 +465,11 @@ class PolicyRunner:
                     totals["rows"] = np.array(totals["rows"], dtype=float)
                     step_totals[g] = totals
                 self.capacity_splits += splits
+        return step_totals
+
+    def _ratios_of(self, step_totals: dict, per_rank) -> dict[int, dict]:
+        """The step's ratios per group, in group order (a group's first step leaves out its prompt's CPU rows); a
+        pilot step also adds the totals its stratification reads."""
         out = {}
         pilot = self.pilot_left > 0
         num_ranks = self.num_ranks
@@ -470,17 +484,19 @@ class PolicyRunner:
                 acc = self.group_totals.setdefault(g, np.zeros(3))
                 acc += (totals["hits"], totals["unique"], totals["refs"])
             self.policy_calls += 1
-        self.last = out
-        if self.pilot_left:
-            self.pilot_left -= 1
-            if self.pilot_left == self.cfg.fidelity.pilot_steps // 2:  # measure on the warm second half
-                self.pilot_base = {g: v.copy() for g, v in self.group_totals.items()}
-            if not self.pilot_left:
-                self._end_pilot()
-                if self.k != self.main_k:
-                    self._resample(rids, hist, spaces, rid_ranks)
-                release_memory()
-        return self.last
+        return out
+
+    def _pilot_step(self, rids: list[int], hist: np.ndarray, spaces, rid_ranks) -> None:
+        """Count a pilot step down: its warm second half is what it measures; at its end the representatives are
+        chosen and, at another stride, their caches rebuilt (`_resample`)."""
+        self.pilot_left -= 1
+        if self.pilot_left == self.cfg.fidelity.pilot_steps // 2:  # measure on the warm second half
+            self.pilot_base = {g: v.copy() for g, v in self.group_totals.items()}
+        if not self.pilot_left:
+            self._end_pilot()
+            if self.k != self.main_k:
+                self._resample(rids, hist, spaces, rid_ranks)
+            release_memory()
 
     def _step_groups(self, sids: list[int], s_hist: np.ndarray, s_steps: np.ndarray, q: int) -> dict:
         """One step's access batches in this process's caches: {group: totals}."""
