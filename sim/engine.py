@@ -563,40 +563,17 @@ class Engine:
                  finished: int):
         """Hits, bytes per link, concurrency, footprint and the timeline record of the step (`finished`: requests
         that completed in it)."""
-        st, m, costs, sysm = self.state, self.cfg.model, self.costs, self.system
-        n_gpu, tp, layer_w = self.cfg.num_gpus, sysm.tp, self.group_layers
+        st, m = self.state, self.cfg.model
         refs_all = float(b.refs_req[0]) if b.n_total == 1 else float(b.refs_req.sum())  # (the same float64 value)
-        link_rows = [0.0, 0.0, 0.0]  # h2d, d2h, peer over all ranks and layers
         if ratios:
-            copies = n_gpu if sysm.symmetric_ranks else 1
-            reps, where = self._simulated_reps()
-            per_rep = self._per_rep
-            if per_rep is None or per_rep.shape[0] != len(reps):
-                per_rep = self._per_rep = np.empty((len(reps), 5))  # (every element written each step)
-            for j, rep in enumerate(reps):  # row sums, as each row's (`sum(axis=2)` of the stacked rows), or rank 0's
-                x = rows[rep]
-                per_rep[j, :3] = x[:, 0] if copies > 1 else _add_reduce(x, 1)
-                rt = ratios[rep]
-                per_rep[j, 3] = rt["hits"] * refs_all
-                per_rep[j, 4] = rt["unique"] * refs_all
-            terms = self._terms
-            if terms is None or terms.shape[0] != len(where) + 1:
-                terms = self._terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0
-                self._layer_col = layer_w[:, None]  # (as scalar sums did)
-            np.multiply(per_rep.take(where, axis=0), self._layer_col, out=terms[1:])
-            if copies != 1:
-                terms[1:, :3] *= copies
-            # in group order (np.cumsum is this accumulate; called directly it skips the wrapper's dispatch)
-            link_rows[0], link_rows[1], link_rows[2], hits, unique = np.add.accumulate(terms, axis=0)[-1].tolist()
+            link_rows, hits, unique = self._link_totals(ratios, rows, refs_all)
         else:  # GPU-resident: every selected entry is on the GPU
+            link_rows = [0.0, 0.0, 0.0]
             unique = hits = refs_all * m.num_layers
         row = m.kv_bytes_per_token_layer
         net = self._net_bytes.get(b.tokens_total)
-        if net is None:  # the step's all-gather and layer-collective bytes: a function of its token count
-            allgather_b = sysm.indexer_allgather_bytes(b.tokens_total)
-            net = self._net_bytes[b.tokens_total] = (
-                costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu,
-                costs.layer_collective_bytes(b.tokens_total / n_gpu, n_gpu, tp) * m.num_layers * n_gpu)
+        if net is None:
+            net = self._net_bytes[b.tokens_total] = self._net_of(b.tokens_total)
         tokens = int(acc[0]) if acc.size == 1 else int(acc.sum())
         st.steps += 1
         st.tokens += float(tokens)
@@ -621,6 +598,39 @@ class Engine:
                "gpu_hit_rate": hits / unique if unique else 1.0}
         rec.update({p: parts.get(p, 0.0) for p in PARTS})
         st.timeline.append(rec)
+
+    def _link_totals(self, ratios, rows: dict, refs_all: float) -> tuple[list[float], float, float]:
+        """The step's rows per link (h2d, d2h, peer over all ranks and layers), hits and unique references: each
+        simulated representative's figures weighted by the layers of the groups it stands for, summed in group
+        order."""
+        copies = self.cfg.num_gpus if self.system.symmetric_ranks else 1
+        reps, where = self._simulated_reps()
+        per_rep = self._per_rep
+        if per_rep is None or per_rep.shape[0] != len(reps):
+            per_rep = self._per_rep = np.empty((len(reps), 5))  # (every element written each step)
+        for j, rep in enumerate(reps):  # row sums, as each row's (`sum(axis=2)` of the stacked rows), or rank 0's
+            x = rows[rep]
+            per_rep[j, :3] = x[:, 0] if copies > 1 else _add_reduce(x, 1)
+            rt = ratios[rep]
+            per_rep[j, 3] = rt["hits"] * refs_all
+            per_rep[j, 4] = rt["unique"] * refs_all
+        terms = self._terms
+        if terms is None or terms.shape[0] != len(where) + 1:
+            terms = self._terms = np.zeros((len(where) + 1, 5))  # a leading 0 row: the sums start at 0.0
+            self._layer_col = self.group_layers[:, None]  # (as scalar sums did)
+        np.multiply(per_rep.take(where, axis=0), self._layer_col, out=terms[1:])
+        if copies != 1:
+            terms[1:, :3] *= copies
+        # in group order (np.cumsum is this accumulate; called directly it skips the wrapper's dispatch)
+        h2d, d2h, peer, hits, unique = np.add.accumulate(terms, axis=0)[-1].tolist()
+        return [h2d, d2h, peer], hits, unique
+
+    def _net_of(self, tokens_total: int) -> tuple[float, float]:
+        """The step's all-gather and layer-collective bytes: a function of its token count (memoised by the caller)."""
+        m, n_gpu, costs = self.cfg.model, self.cfg.num_gpus, self.costs
+        allgather_b = self.system.indexer_allgather_bytes(tokens_total)
+        return (costs.collective_link_bytes(allgather_b, n_gpu, "allgather") * m.num_index_groups * n_gpu,
+                costs.layer_collective_bytes(tokens_total / n_gpu, n_gpu, self.system.tp) * m.num_layers * n_gpu)
 
     def _footprint(self, run: np.ndarray):
         """Where the history bytes are now; keep the moment of the most physical slots."""
