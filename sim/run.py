@@ -125,15 +125,20 @@ def throughput_and_tpot(engine: Engine) -> dict:
 
 
 def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, costs: CostModel) -> dict:
-    st, cap = engine.state, system.capacity
+    """metrics.json of a finished replay, its keys in their documented order: what ran and its traffic, the
+    capacity at the peak, what was sampled and the simulator's own speed, prefill, the cost model's provenance."""
+    return {**_run_metrics(cfg, system, engine), **_capacity_metrics(cfg, system.capacity, budget, engine.state.peak),
+            **_sampling_metrics(engine, wall_s),
+            **engine.prefill.metrics(),  # prefill mode, prompt host bytes, TTFT when timed (sim/prefill.py)
+            "cost_model": costs.provenance}
+
+
+def _run_metrics(cfg: SimConfig, system, engine: Engine) -> dict:
+    """What ran, what completed, throughput and TPOT, hit rates and bytes per token on each link."""
+    st, runner = engine.state, engine.runner
     done = np.isfinite(engine.finish_s)
     tokens = max(st.tokens, 1.0)
-    kv_tok = cfg.model.kv_bytes_per_token
-    peak = st.peak or {"unique_slots": 0.0, "replica_slots": 0.0, "buffer_slots": 0.0, "physical_slots": 0.0,
-                       "index_key_bytes": 0.0, "concurrency": 0}
-    events = events_scheduled(engine.env)
-    runner = engine.runner
-    out = {
+    return {
         "system": cfg.system, "attention": cfg.attention, "policy": system.policy_label,
         "cpu_storage": bool(cfg.cpu_storage), "hardware": cfg.hardware.name,
         "num_gpus": cfg.num_gpus, "model": cfg.model.name, "draft_tokens": cfg.spec.draft_tokens,
@@ -153,6 +158,15 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "nvlink_bytes_per_token": (st.peer_bytes + st.allgather_bytes) / tokens,
         "nvlink_kv_bytes_per_token": st.peer_bytes / tokens,
         "nvlink_collective_bytes_per_token": st.collective_bytes / tokens,
+    }
+
+
+def _capacity_metrics(cfg: SimConfig, cap, budget, peak: dict | None) -> dict:
+    """The slots and bytes held at the peak (unique, replicas, buffer copies, index keys), the budgets and pools."""
+    kv_tok = cfg.model.kv_bytes_per_token
+    peak = peak or {"unique_slots": 0.0, "replica_slots": 0.0, "buffer_slots": 0.0, "physical_slots": 0.0,
+                    "index_key_bytes": 0.0, "concurrency": 0}
+    return {
         "physical_kv_slots": float(peak["physical_slots"]),
         "unique_history_positions": float(peak["unique_slots"]),
         "cap_peak_concurrency": int(peak["concurrency"]),
@@ -171,6 +185,14 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "cap_device_buffer_slots_per_request": cap.device_buffer_slots,
         "cap_logical_tokens": cap.logical_tokens_per_space * cap.num_spaces,
         "kv_bytes_per_token": kv_tok, "index_bytes_per_token": cfg.model.index_bytes_per_token,
+    }
+
+
+def _sampling_metrics(engine: Engine, wall_s: float) -> dict:
+    """Which groups and requests the policy simulated, and the simulator's events and speed."""
+    st, runner = engine.state, engine.runner
+    events = events_scheduled(engine.env)
+    return {
         "policy_groups_simulated": len(runner.groups) if runner else 0,
         "policy_group_ids": [int(g) for g in runner.groups] if runner else [],
         "request_sample_stride": runner.k if runner else 1,
@@ -181,10 +203,7 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
         "simpy_events": int(events), "sim_wall_s": wall_s,
         "sim_tokens_per_wall_s": st.tokens / wall_s if wall_s else 0.0,
         "simpy_events_per_wall_s": events / wall_s if wall_s else 0.0,
-        **engine.prefill.metrics(),  # prefill mode, prompt host bytes, TTFT when timed (sim/prefill.py)
-        "cost_model": costs.provenance,
     }
-    return out
 
 
 def _json_safe(obj):
