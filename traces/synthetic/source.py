@@ -216,11 +216,9 @@ class SyntheticSelections:
         at once (see `_tables`). `dom`: the rows' strata domain, one int, or one per row for batches of at most
         `_ROW_TERMS_ROWS` rows (their history terms come per row from `_row_terms`). Hashes are odd-constant
         multiplies whose top bits are used (inputs are already mixed keys); every draw takes 16 top bits."""
-        sp = self.spec
         plan = plans[0]
-        r, k = rid.size, sp.top_k
+        r, k = rid.size, self.spec.top_k
         s, w = plan.num_sink, plan.num_recent
-        kp = plan.num_strata
         if out is None:
             out = np.empty((len(plans), r, q, k), dtype=np.int64)
         if s:
@@ -235,30 +233,41 @@ class SyntheticSelections:
             lo, mult = batch_terms(tb, (hist - s - w).astype(np.int32)[None, :, None], step32[None, :, None],
                                     plan.early)
         t = self._row_keys(plans, rid)
-        u16 = np.uint32(16)
-        # stable and recurring strata (each group's first columns): the candidate window's offset in this drift
-        # epoch, added to the base position (fresh strata have none: their columns' offset would be 0)
-        c = max(p.stable.index.size + p.recurring.index.size for p in plans)
-        if c:
-            ck = step32[None, :, None] + tb["phase"][..., :c]
-            ck >>= np.uint32(int(sp.drift_steps).bit_length() - 1)
-            ck *= np.uint32(0xC2B2AE35)
-            ck ^= t[..., :c]
-            ck *= np.uint32(0x9E3779B1)
-            ck >>= u16
-            ck *= tb["ck_mult"][..., :c]
-            ck >>= u16
-            lo[..., :c] += ck.view(np.int32)
+        self._add_window_offsets(plans, tb, t, step32, lo)
         ts = t ^ step_keys(step32)[None, :, None]
         if q == 1:  # query 0's draw: the two multiplies of ts and of d as one (the same bits mod 2**32)
             ts *= TS_MIX32
             draw(ts, tb, mult, plan.early)
             lo += ts.view(np.int32)  # (int32 arithmetic, then widened: cheaper than one add into the int64 slice)
-            out[:, :, 0, s:s + kp] = lo
+            out[:, :, 0, s:s + plan.num_strata] = lo
             return out
+        self._draw_tokens(plan, ts, tb, mult, lo, q, out)
+        return out
+
+    def _add_window_offsets(self, plans: tuple[GroupPlan, ...], tb: dict, t, step32, lo) -> None:
+        """Stable and recurring strata (each group's first columns): add the candidate window's offset in this
+        drift epoch to the base position in `lo` (fresh strata have none: their columns' offset would be 0)."""
+        c = max(p.stable.index.size + p.recurring.index.size for p in plans)
+        if not c:
+            return
+        u16 = np.uint32(16)
+        ck = step32[None, :, None] + tb["phase"][..., :c]
+        ck >>= np.uint32(int(self.spec.drift_steps).bit_length() - 1)
+        ck *= np.uint32(0xC2B2AE35)
+        ck ^= t[..., :c]
+        ck *= np.uint32(0x9E3779B1)
+        ck >>= u16
+        ck *= tb["ck_mult"][..., :c]
+        ck >>= u16
+        lo[..., :c] += ck.view(np.int32)
+
+    def _draw_tokens(self, plan: GroupPlan, ts, tb: dict, mult, lo, q: int, out: np.ndarray) -> None:
+        """The strata columns of every query token (q > 1) into `out`: query 0's draw, and tokens > 0 redraw where
+        the top bits of `ts` reach spec_share (the rest select as query 0)."""
+        s, kp = plan.num_sink, plan.num_strata
+        u16 = np.uint32(16)
         ts *= np.uint32(0x846CA68B)
-        # query tokens > 0 redraw where the top bits reach spec_share (query 0 never reads this)
-        thr1 = np.uint32(max(int(round(sp.spec_share * 65536)) - 1, 0))
+        thr1 = np.uint32(max(int(round(self.spec.spec_share * 65536)) - 1, 0))
         diverge = thr1 - (ts >> u16)
         diverge >>= np.uint32(31)
         keys_q = QKEYS[:q] if q <= QKEYS.size else qkeys(q)
@@ -274,7 +283,6 @@ class SyntheticSelections:
             di = d.view(np.int32)
             di += lo  # (int32 arithmetic as above; d is rewritten for the next token)
             out[:, :, qi, s:s + kp] = di
-        return out
 
     def _row_terms(self, plans: tuple[GroupPlan, ...], rid, hist, step, dom) -> tuple[dict, np.ndarray, np.ndarray]:
         """(tables, lo, mult) of `_select_main` for a few rows: lo (int32[G, R, k'], the caller's own), the draw's
