@@ -164,27 +164,13 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
     (each GPU gathers the rows evenly from every other GPU of `gpus`, one gather per peer). GPU 0 spins while the
     host enqueues; every GPU waits on an event recorded after the spin, so all start together. Returns per point the
     slowest GPU's time (a step waits for it) and every GPU's own."""
-    from ulacache.backends.cupy_copy import HostPool, exchange_rows, gather_rows
-    from ulacache.backends.cupy_pipeline import spin
-
     cp = cupy()
     rng = np.random.default_rng(seed)
     if op == "peer_all":
         if len(gpus) < 2:
             raise ValueError("peer_all needs at least 2 GPUs")
         enable_peer_access(all_gpus or max(gpus) + 1)
-    pools = {}
-    for g in gpus:
-        with cp.cuda.Device(g):  # non-zero patterns (cheap to make; a copy does not care which bytes)
-            gpu = (cp.arange(gpu_rows * row_bytes, dtype=cp.int64) * 7 + g).astype(cp.uint8).reshape(gpu_rows, -1)
-            if op == "peer_all":
-                src = (cp.arange(host_rows * row_bytes, dtype=cp.int64) * 5 + 1).astype(cp.uint8).reshape(host_rows,
-                                                                                                          -1)
-            else:
-                src = HostPool(host_rows, row_bytes)
-                src.array.reshape(-1)[:] = np.arange(src.array.size, dtype=np.int64).astype(np.uint8) | 1
-            pools[g] = (gpu, src, cp.cuda.Stream(non_blocking=True), cp.empty((max(sizes), row_bytes), cp.uint8))
-            cp.cuda.Device(g).synchronize()  # made on the default stream; the timed streams do not wait for it
+    pools = _node_pools(gpus, op, row_bytes, host_rows, gpu_rows, max(sizes))
     out = []
     for n in sizes:
         idx = {}
@@ -196,31 +182,7 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
         inner = _inner(n, row_bytes)
         samples, per = [], []
         for rep in range(repeat + 1):
-            g0 = gpus[0]
-            with cp.cuda.Device(g0), pools[g0][2]:
-                spin(2_000_000)
-                go = pools[g0][2].record()
-            ends = []
-            for g in gpus:
-                gpu, src, s, stage = pools[g]
-                with cp.cuda.Device(g), s:
-                    s.wait_event(go)
-                    a = s.record()
-                    gi, hi, vic, ar = idx[g]
-                    peers = [h for h in gpus if h != g]
-                    for k in range(inner):
-                        i = (rep * inner + k) % NUM_SETS
-                        if op == "peer_all":
-                            for j, h in enumerate(peers):  # an even share of the rows from each peer
-                                lo, hi_ = j * n // len(peers), (j + 1) * n // len(peers)
-                                gather_rows(gpu, pools[h][1], gi[i][lo:hi_], hi[i][lo:hi_], row_bytes, unroll=4,
-                                            stream=s)
-                        elif op == "split":
-                            _stage_and_read(gpu, src, gi[i], hi[i], stage, row_bytes, 4)
-                            gather_rows(src, stage, hi[i], ar, row_bytes, unroll=4, stream=s)
-                        else:
-                            exchange_rows(gpu, src, gi[i], hi[i], vic, row_bytes, unroll=4, stream=s)
-                    ends.append((a, s.record()))
+            ends = _node_repeat(gpus, pools, idx, op, n, row_bytes, inner, rep)
             for g in gpus:
                 pools[g][2].synchronize()
             if rep:
@@ -233,6 +195,62 @@ def bench_node(row_bytes: int, sizes: list[int], *, gpus: list[int], op: str, ho
                     "time_s": t, "per_gpu_s": per_gpu, "gb_s_per_gpu": n * row_bytes / t / 1e9,
                     "gb_s_by_gpu": [n * row_bytes / x / 1e9 for x in per_gpu]})
     return out
+
+
+def _node_pools(gpus: list[int], op: str, row_bytes: int, host_rows: int, gpu_rows: int, max_rows: int) -> dict:
+    """Per GPU: its GPU pool, the source (a peer-readable GPU array for peer_all, else its pinned host pool), a
+    stream and a staging buffer; non-zero patterns (cheap to make; a copy does not care which bytes)."""
+    from ulacache.backends.cupy_copy import HostPool
+
+    cp = cupy()
+    pools = {}
+    for g in gpus:
+        with cp.cuda.Device(g):
+            gpu = (cp.arange(gpu_rows * row_bytes, dtype=cp.int64) * 7 + g).astype(cp.uint8).reshape(gpu_rows, -1)
+            if op == "peer_all":
+                src = (cp.arange(host_rows * row_bytes, dtype=cp.int64) * 5 + 1).astype(cp.uint8).reshape(host_rows,
+                                                                                                          -1)
+            else:
+                src = HostPool(host_rows, row_bytes)
+                src.array.reshape(-1)[:] = np.arange(src.array.size, dtype=np.int64).astype(np.uint8) | 1
+            pools[g] = (gpu, src, cp.cuda.Stream(non_blocking=True), cp.empty((max_rows, row_bytes), cp.uint8))
+            cp.cuda.Device(g).synchronize()  # made on the default stream; the timed streams do not wait for it
+    return pools
+
+
+def _node_repeat(gpus: list[int], pools: dict, idx: dict, op: str, n: int, row_bytes: int, inner: int,
+                 rep: int) -> list[tuple]:
+    """One repeat: GPU 0 spins while the host enqueues `inner` transfers of `op` on every GPU, all released by one
+    event; each GPU's (start, end) events."""
+    from ulacache.backends.cupy_copy import exchange_rows, gather_rows
+    from ulacache.backends.cupy_pipeline import spin
+
+    cp = cupy()
+    g0 = gpus[0]
+    with cp.cuda.Device(g0), pools[g0][2]:
+        spin(2_000_000)
+        go = pools[g0][2].record()
+    ends = []
+    for g in gpus:
+        gpu, src, s, stage = pools[g]
+        with cp.cuda.Device(g), s:
+            s.wait_event(go)
+            a = s.record()
+            gi, hi, vic, ar = idx[g]
+            peers = [h for h in gpus if h != g]
+            for k in range(inner):
+                i = (rep * inner + k) % NUM_SETS
+                if op == "peer_all":
+                    for j, h in enumerate(peers):  # an even share of the rows from each peer
+                        lo, hi_ = j * n // len(peers), (j + 1) * n // len(peers)
+                        gather_rows(gpu, pools[h][1], gi[i][lo:hi_], hi[i][lo:hi_], row_bytes, unroll=4, stream=s)
+                elif op == "split":
+                    _stage_and_read(gpu, src, gi[i], hi[i], stage, row_bytes, 4)
+                    gather_rows(src, stage, hi[i], ar, row_bytes, unroll=4, stream=s)
+                else:
+                    exchange_rows(gpu, src, gi[i], hi[i], vic, row_bytes, unroll=4, stream=s)
+            ends.append((a, s.record()))
+    return ends
 
 
 def bench_gather_after_exchange(row_bytes: int, gather_sizes: list[int], *, gpus: list[int], exchange_sizes: list[int],
