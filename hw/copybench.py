@@ -261,10 +261,6 @@ def bench_gather_after_exchange(row_bytes: int, gather_sizes: list[int], *, gpus
     that the same number of other rows again (the warm control: the all-to-all microbenchmark's regime). Per point
     (slowest GPU, median over repeats): `after_s` the first gathers, `warm_s` the second, `wait_s` the event wait
     before them; per GPU too. Pools are made once for all points."""
-    from ulacache.backends.cupy_copy import HostPool, gather_rows
-    from ulacache.backends.cupy_copy import exchange_rows as exchange
-    from ulacache.backends.cupy_pipeline import spin
-
     cp = cupy()
     if len(gpus) < 2:
         raise ValueError("a gather after an exchange needs at least 2 GPUs")
@@ -272,15 +268,7 @@ def bench_gather_after_exchange(row_bytes: int, gather_sizes: list[int], *, gpus
         raise ValueError(f"sizes exceed the pools ({host_rows} host, {gpu_rows} GPU rows)")
     rng = np.random.default_rng(seed)
     enable_peer_access(max(gpus) + 1)
-    pools = {}
-    for g in gpus:
-        with cp.cuda.Device(g):  # any non-zero bytes: a copy does not care which
-            gpu = cp.full((gpu_rows, row_bytes), g + 1, dtype=cp.uint8)
-            buf = cp.zeros((max(gather_sizes), row_bytes), cp.uint8)
-            host = HostPool(host_rows, row_bytes)
-            host.array.fill(0x5A)
-            pools[g] = (gpu, buf, host, cp.cuda.Stream(non_blocking=True))
-            cp.cuda.Device(g).synchronize()
+    pools = _exchange_pools(gpus, row_bytes, host_rows, gpu_rows, max(gather_sizes))
     draw = lambda pool, n: [rng.choice(pool, n, replace=False).astype(np.int64) for _ in range(NUM_SETS)]
     dev = lambda arrays: [cp.asarray(a) for a in arrays]  # index lists live on the GPU whose kernel reads them
     out = []
@@ -304,49 +292,86 @@ def bench_gather_after_exchange(row_bytes: int, gather_sizes: list[int], *, gpus
                         idx[g] = (dev([rng.permutation(n).astype(np.int64) for _ in range(NUM_SETS)]),
                                   dev(draw(gpu_rows, n)))
                         cp.cuda.Device(g).synchronize()
-                samples, per = [], []
-                for rep in range(repeat + 1):
-                    i = rep % NUM_SETS
-                    with cp.cuda.Device(sub[0]), pools[sub[0]][3]:
-                        spin(6_000_000)  # longer than the host takes to enqueue every GPU's work: no launch gaps
-                        go = pools[sub[0]][3].record()
-                    exchanged = {}
-                    for g in sub:
-                        gpu, _, host, s = pools[g]
-                        with cp.cuda.Device(g), s:
-                            s.wait_event(go)
-                            exchange(gpu, host, ex[g][0][i], ex[g][1][i], ex[g][2], row_bytes, unroll=4, stream=s)
-                            exchanged[g] = s.record()
-                    marks = []
-                    for g in sub:
-                        _, buf, _, s = pools[g]
-                        dst, warm_src = idx[g]
-                        peers = [h for h in sub if h != g]
-                        with cp.cuda.Device(g), s:
-                            w0 = s.record()
-                            for h in peers:
-                                s.wait_event(exchanged[h])
-                            a = s.record()
-                            for (lo, hi), h in zip(per_peer, peers):  # rows peer h just promoted (its GPU slots)
-                                gather_rows(buf, pools[h][0], dst[i][lo:hi], promoted[g][h][i][:hi - lo],
-                                            row_bytes, unroll=4, stream=s)
-                            b = s.record()
-                            for (lo, hi), h in zip(per_peer, peers):  # warm control: other rows of the same pools
-                                gather_rows(buf, pools[h][0], dst[i][lo:hi], warm_src[i][lo:hi], row_bytes, unroll=4,
-                                            stream=s)
-                            marks.append((w0, a, b, s.record()))
-                    for g in sub:
-                        pools[g][3].synchronize()
-                    if rep:
-                        t = lambda x, y: cp.cuda.get_elapsed_time(x, y) * 1e-3
-                        row = [(t(w0, a), t(a, b), t(b, c)) for w0, a, b, c in marks]
-                        per.append(row)
-                        samples.append([max(r[j] for r in row) for j in range(3)])
-                med = np.median(np.array(samples), axis=0)
-                per_gpu = np.median(np.array(per), axis=0)
+                steps = (pools, ex, promoted, idx, per_peer)
+                med, per_gpu = _time_gather_after_exchange(sub, steps, row_bytes, repeat)
                 out.append({"row_bytes": row_bytes, "num_rows": n, "op": "gather_after_exchange", "num_gpus": k,
                             "gpus": list(sub), "exchange_rows": ex_rows, "host_rows": host_rows,
                             "gpu_rows": gpu_rows, "wait_s": float(med[0]), "after_s": float(med[1]),
                             "warm_s": float(med[2]), "after_s_by_gpu": [float(x) for x in per_gpu[:, 1]],
                             "warm_s_by_gpu": [float(x) for x in per_gpu[:, 2]]})
     return out
+
+
+def _exchange_pools(gpus: list[int], row_bytes: int, host_rows: int, gpu_rows: int, max_gather: int) -> dict:
+    """Per GPU: its pool (any non-zero bytes: a copy does not care which), a gather buffer, its pinned host pool
+    and a stream."""
+    from ulacache.backends.cupy_copy import HostPool
+
+    cp = cupy()
+    pools = {}
+    for g in gpus:
+        with cp.cuda.Device(g):
+            gpu = cp.full((gpu_rows, row_bytes), g + 1, dtype=cp.uint8)
+            buf = cp.zeros((max_gather, row_bytes), cp.uint8)
+            host = HostPool(host_rows, row_bytes)
+            host.array.fill(0x5A)
+            pools[g] = (gpu, buf, host, cp.cuda.Stream(non_blocking=True))
+            cp.cuda.Device(g).synchronize()
+    return pools
+
+
+def _time_gather_after_exchange(sub: list[int], steps: tuple, row_bytes: int, repeat: int):
+    """Median over `repeat` timed repeats (after one untimed) of (wait, gathers after, warm gathers): of the slowest
+    GPU, and per GPU."""
+    cp = cupy()
+    pools = steps[0]
+    samples, per = [], []
+    for rep in range(repeat + 1):
+        marks = _exchange_then_gather(sub, steps, row_bytes, rep % NUM_SETS)
+        for g in sub:
+            pools[g][3].synchronize()
+        if rep:
+            t = lambda x, y: cp.cuda.get_elapsed_time(x, y) * 1e-3
+            row = [(t(w0, a), t(a, b), t(b, c)) for w0, a, b, c in marks]
+            per.append(row)
+            samples.append([max(r[j] for r in row) for j in range(3)])
+    return np.median(np.array(samples), axis=0), np.median(np.array(per), axis=0)
+
+
+def _exchange_then_gather(sub: list[int], steps: tuple, row_bytes: int, i: int) -> list[tuple]:
+    """One repeat on index set i: every GPU of `sub` exchanges (all released at once after a spin on the first),
+    then gathers what its peers promoted, then the warm control; each GPU's four events."""
+    from ulacache.backends.cupy_copy import exchange_rows as exchange
+    from ulacache.backends.cupy_copy import gather_rows
+    from ulacache.backends.cupy_pipeline import spin
+
+    cp = cupy()
+    pools, ex, promoted, idx, per_peer = steps
+    with cp.cuda.Device(sub[0]), pools[sub[0]][3]:
+        spin(6_000_000)  # longer than the host takes to enqueue every GPU's work: no launch gaps
+        go = pools[sub[0]][3].record()
+    exchanged = {}
+    for g in sub:
+        gpu, _, host, s = pools[g]
+        with cp.cuda.Device(g), s:
+            s.wait_event(go)
+            exchange(gpu, host, ex[g][0][i], ex[g][1][i], ex[g][2], row_bytes, unroll=4, stream=s)
+            exchanged[g] = s.record()
+    marks = []
+    for g in sub:
+        _, buf, _, s = pools[g]
+        dst, warm_src = idx[g]
+        peers = [h for h in sub if h != g]
+        with cp.cuda.Device(g), s:
+            w0 = s.record()
+            for h in peers:
+                s.wait_event(exchanged[h])
+            a = s.record()
+            for (lo, hi), h in zip(per_peer, peers):  # rows peer h just promoted (its GPU slots)
+                gather_rows(buf, pools[h][0], dst[i][lo:hi], promoted[g][h][i][:hi - lo], row_bytes, unroll=4,
+                            stream=s)
+            b = s.record()
+            for (lo, hi), h in zip(per_peer, peers):  # warm control: other rows of the same pools
+                gather_rows(buf, pools[h][0], dst[i][lo:hi], warm_src[i][lo:hi], row_bytes, unroll=4, stream=s)
+            marks.append((w0, a, b, s.record()))
+    return marks
