@@ -118,6 +118,8 @@ def working_set_slots(make_selector, addrs: list, steps: int) -> int:
 
 
 def run(args) -> dict:
+    """Replay the selections on the executor and the library side by side, step by step: the facade's plan, the
+    device's hits, the state check and, where timed, the measured against the predicted step time."""
     R, q, rb = args.ranks, 1 + max(0, args.draft_tokens), args.row_bytes
     if rb % 16:
         raise ValueError(f"--row-bytes {rb}: must be a multiple of 16")
@@ -126,32 +128,12 @@ def run(args) -> dict:
     if calib is not None and not calib.is_file():
         raise OSError(f"calibration file not found: {calib}")
     costs, node = load_costs(calib)
-    n, hist = args.requests, args.history
-    if args.trace == "synthetic":
-        make_sel = lambda: Selector(n, hist, 2048, q, seed=0)
-        hist_per_req = np.full(n, hist, dtype=np.int64)
-    else:
-        make_sel = lambda: TraceSelections(args.trace, n, hist, q)
-    sel = make_sel()
-    if args.trace != "synthetic":
-        hist_per_req = sel.hist
-    total = int(hist_per_req.sum())
-    cpu_slots = -(-(total + n * args.steps + 65536) // R)
+    n = args.requests
+    make_sel, sel, hist_per_req = _selections(args, q)
+    cache, local = _validation_cache(args, mode, make_sel, hist_per_req)
     ids = list(range(n))
-    local = args.local_buffer_slots
-    if mode == "tp" and local <= 0:  # size the local buffer from the selections' working set (addresses are dense)
-        starts = np.concatenate([[0], np.cumsum(hist_per_req)[:-1]])
-        dense = [np.arange(s, s + h, dtype=np.int64) for s, h in zip(starts.tolist(), hist_per_req.tolist())]
-        local = -(-working_set_slots(make_sel, dense, args.steps) // 4096) * 4096
-    cache = UlaCache(CacheConfig(mode=mode, num_ranks=R, gpu_slots=args.gpu_slots, cpu_slots=cpu_slots,
-                                 policy="pb-lru", backend="numpy", local_buffer_slots=max(local, 0)))
-    cache.alloc_many(ids, hist_per_req.tolist(), [i % R for i in ids] if mode == "dp" else None)
     addrs = [cache.request_addresses(i) for i in ids]
-    ex = make_executor(args.backend, cache, rb)
-    if getattr(args, "reverse_launch", False):  # diagnostic: enqueue the ranks' transfers last rank first
-        ex.order = ex.order[::-1]
-    if hasattr(ex, "exchange_kernel"):  # the twin keeps every rank's lists on GPU 0: several ranks use local lists
-        ex.exchange_kernel = getattr(args, "exchange_kernel", None) or ("grid" if R > 1 else "device")
+    ex = _validation_executor(args, cache)
     all_addrs = np.concatenate(addrs)
     ex.write(all_addrs, cache.places(all_addrs), payload_rows(all_addrs, rb))
     allocated = [all_addrs]
@@ -164,24 +146,12 @@ def run(args) -> dict:
         pending = []
         cache.commit(plan)
         diffs = ex.check_state()
-        pred = predict_s(costs, plan, rb, R, node)
-        rec = {"step": step, **plan.counts(), "predicted_s": pred, "device_hits": meas.get("num_hits"),
-               "rows_per_rank": {k: [int(x) for x in getattr(plan, f"{k}_rows_per_rank")] for k in ("h2d", "d2h",
-                                                                                                     "peer")},
-               "mismatches": meas.get("diffs", []) + diffs}
-        if "measured_s" in meas:
-            rec["measured_s"] = meas["measured_s"]
-            rec["rel_err"] = (pred - meas["measured_s"]) / meas["measured_s"]
-            rec["parts_s"] = meas.get("parts_s", {})
-        rec["warmup"] = step < args.warmup_steps
-        steps.append(rec)
+        steps.append(_step_record(step, plan, meas, diffs, predict_s(costs, plan, rb, R, node), args.warmup_steps))
         new = cache.alloc_many(ids, [1] * n, [i % R for i in ids] if mode == "dp" else None)
         allocated.append(new)
         ex.write_new(new, cache.places(new), payload_rows(new, rb), pending)
     ex.flush(pending)
     checked = ex.verify(cache, np.concatenate(allocated), payload_rows)
-    timed = [s for s in steps if "rel_err" in s and not s["warmup"]]
-    errs = np.array([abs(s["rel_err"]) for s in timed])
     out = {
         "date": utc_now(), "command": command_line(), "device": ex.facts(), "trace": args.trace, "ranks": R,
         "trace_meta": getattr(sel, "meta", {"generator": "hw.workload.Selector", "seed": 0}),
@@ -199,15 +169,81 @@ def run(args) -> dict:
         "integrity": checked,
         "per_step": steps,
     }
-    if errs.size:
-        signed = np.array([s["rel_err"] for s in timed])
-        out["error"] = {"median_abs": float(np.median(errs)), "p90_abs": float(np.quantile(errs, 0.9)),
-                        "median_signed": float(np.median(signed)), "max_abs": float(errs.max()),
-                        "steps": int(errs.size), "warmup_steps_excluded": int(args.warmup_steps)}
-        out["measured_s_median"] = float(np.median([s["measured_s"] for s in timed]))
-        out["predicted_s_median"] = float(np.median([s["predicted_s"] for s in timed]))
-        out["parts_s_median"] = {k: float(np.median([s["parts_s"][k] for s in timed])) for k in timed[0]["parts_s"]}
+    out.update(_error_summary(steps, args.warmup_steps))
     return out
+
+
+def _selections(args, q: int):
+    """(a maker of fresh selection streams, the stream this run reads, each request's history length): the
+    synthetic selector, or a trace's selections."""
+    n, hist = args.requests, args.history
+    if args.trace == "synthetic":
+        make_sel = lambda: Selector(n, hist, 2048, q, seed=0)
+        hist_per_req = np.full(n, hist, dtype=np.int64)
+    else:
+        make_sel = lambda: TraceSelections(args.trace, n, hist, q)
+    sel = make_sel()
+    if args.trace != "synthetic":
+        hist_per_req = sel.hist
+    return make_sel, sel, hist_per_req
+
+
+def _validation_cache(args, mode: str, make_sel, hist_per_req: np.ndarray):
+    """The facade cache with every request's history allocated (DP: request i on rank i % R), and its local buffer
+    slots (TP: sized from the selections' working set when not given)."""
+    R, n = args.ranks, args.requests
+    total = int(hist_per_req.sum())
+    cpu_slots = -(-(total + n * args.steps + 65536) // R)
+    ids = list(range(n))
+    local = args.local_buffer_slots
+    if mode == "tp" and local <= 0:  # size the local buffer from the selections' working set (addresses are dense)
+        starts = np.concatenate([[0], np.cumsum(hist_per_req)[:-1]])
+        dense = [np.arange(s, s + h, dtype=np.int64) for s, h in zip(starts.tolist(), hist_per_req.tolist())]
+        local = -(-working_set_slots(make_sel, dense, args.steps) // 4096) * 4096
+    cache = UlaCache(CacheConfig(mode=mode, num_ranks=R, gpu_slots=args.gpu_slots, cpu_slots=cpu_slots,
+                                 policy="pb-lru", backend="numpy", local_buffer_slots=max(local, 0)))
+    cache.alloc_many(ids, hist_per_req.tolist(), [i % R for i in ids] if mode == "dp" else None)
+    return cache, local
+
+
+def _validation_executor(args, cache):
+    """The executor of `--backend`, with the diagnostic launch order and exchange kernel the arguments ask for."""
+    ex = make_executor(args.backend, cache, args.row_bytes)
+    if getattr(args, "reverse_launch", False):  # diagnostic: enqueue the ranks' transfers last rank first
+        ex.order = ex.order[::-1]
+    if hasattr(ex, "exchange_kernel"):  # the twin keeps every rank's lists on GPU 0: several ranks use local lists
+        ex.exchange_kernel = getattr(args, "exchange_kernel", None) or ("grid" if args.ranks > 1 else "device")
+    return ex
+
+
+def _step_record(step: int, plan, meas: dict, diffs: list, pred: float, warmup_steps: int) -> dict:
+    """One step's line of `per_step`: the plan's counts and rows per rank, the prediction, what the device saw."""
+    rec = {"step": step, **plan.counts(), "predicted_s": pred, "device_hits": meas.get("num_hits"),
+           "rows_per_rank": {k: [int(x) for x in getattr(plan, f"{k}_rows_per_rank")] for k in ("h2d", "d2h",
+                                                                                                 "peer")},
+           "mismatches": meas.get("diffs", []) + diffs}
+    if "measured_s" in meas:
+        rec["measured_s"] = meas["measured_s"]
+        rec["rel_err"] = (pred - meas["measured_s"]) / meas["measured_s"]
+        rec["parts_s"] = meas.get("parts_s", {})
+    rec["warmup"] = step < warmup_steps
+    return rec
+
+
+def _error_summary(steps: list[dict], warmup_steps: int) -> dict:
+    """The prediction error over the timed steps after warm-up, and the medians of measured, predicted and parts;
+    empty when no step was timed."""
+    timed = [s for s in steps if "rel_err" in s and not s["warmup"]]
+    errs = np.array([abs(s["rel_err"]) for s in timed])
+    if not errs.size:
+        return {}
+    signed = np.array([s["rel_err"] for s in timed])
+    return {"error": {"median_abs": float(np.median(errs)), "p90_abs": float(np.quantile(errs, 0.9)),
+                      "median_signed": float(np.median(signed)), "max_abs": float(errs.max()),
+                      "steps": int(errs.size), "warmup_steps_excluded": int(warmup_steps)},
+            "measured_s_median": float(np.median([s["measured_s"] for s in timed])),
+            "predicted_s_median": float(np.median([s["predicted_s"] for s in timed])),
+            "parts_s_median": {k: float(np.median([s["parts_s"][k] for s in timed])) for k in timed[0]["parts_s"]}}
 
 
 def main(args) -> int:
