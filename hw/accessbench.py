@@ -43,7 +43,8 @@ def check_steps(cache, addrs, selector, dev, steps: int, decode_alloc: bool = Tr
 
 def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history: int = 65536,
                  gpu_slots: int = 1 << 20, warm_steps: int = 3, repeat: int = 20, seed: int = 0) -> dict:
-    cp = cupy()
+    """One access batch on the device pipeline after warm-up batches (checked against the facade): eager and
+    CUDA-graph times of access and access + commit from the same snapshot, the stages, references per second."""
     cpu_slots = num_requests * history - gpu_slots + 65536
     cache, addrs = build_cache(num_requests, history, gpu_slots, cpu_slots)
     sel = Selector(num_requests, history, top_k, q, seed=seed)
@@ -60,7 +61,20 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
     out = {"num_refs": int(refs.size), "num_unique": plan.num_unique, "num_hits": plan.num_hits,
            "num_misses": plan.num_misses, "gpu_slots": gpu_slots, "logical_addresses": int(dev.marker.size) - 1,
            "check": check}
+    out.update(_time_eager(dev, snap, plan, repeat))
+    try:
+        _time_graphs(dev, snap, plan, repeat, out)
+    except Exception as exc:  # graph capture is an optimisation; report why it was not measured
+        out["graph_error"] = f"{type(exc).__name__}: {exc}"
+    out["stages_s"] = stage_times(dev, snap)
+    best = out.get("graph_access_s", out["eager_access_s"])
+    out["refs_per_s"] = out["num_refs"] / best
+    return out
 
+
+def _time_eager(dev, snap, plan, repeat: int) -> dict:
+    """Access and access + commit launched eagerly from the snapshot. Restores are inside the timed function: timed
+    alone and subtracted (they are plain D2D copies)."""
     def run_access():
         dev.restore(snap)
         dev.launch_access()
@@ -70,49 +84,44 @@ def bench_access(num_requests: int = 256, q: int = 4, top_k: int = 2048, history
         dev.launch_access()
         dev.launch_commit()
 
-    # Restores are inside fn; time them alone and subtract (they are plain D2D copies).
     t_restore = time_gpu(lambda: dev.restore(snap), repeat=repeat)["median_s"]
     ta = time_gpu(run_access, repeat=repeat)
     tc = time_gpu(run_all, repeat=repeat)
-    out["eager_access_s"] = ta["median_s"] - t_restore
-    out["eager_access_commit_s"] = tc["median_s"] - t_restore
-    out["restore_s"] = t_restore
-    res = dev.result()
-    out["device_matches_plan_in_timed_run"] = not compare_with_plan(res, plan)
-    try:
-        stream = cp.cuda.Stream(non_blocking=True)
-        graphs = {}
-        for name, fn in (("access", lambda: dev.launch_access()),
-                         ("access_commit", lambda: (dev.launch_access(), dev.launch_commit()))):
-            with stream:
-                dev.restore(snap)
-                stream.synchronize()
-                stream.begin_capture()
-                fn()
-                graphs[name] = stream.end_capture()
-        for name, g in graphs.items():
-            samples = []
-            for _ in range(repeat):
-                with stream:
-                    dev.restore(snap)
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                a.record(stream)
-                g.launch(stream)
-                b.record(stream)
-                b.synchronize()
-                samples.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
-            out[f"graph_{name}_s"] = float(np.median(samples))
+    return {"eager_access_s": ta["median_s"] - t_restore, "eager_access_commit_s": tc["median_s"] - t_restore,
+            "restore_s": t_restore, "device_matches_plan_in_timed_run": not compare_with_plan(dev.result(), plan)}
+
+
+def _time_graphs(dev, snap, plan, repeat: int, out: dict) -> None:
+    """Access and access + commit captured as CUDA graphs and replayed from the snapshot (median of `repeat`), and
+    whether a graph replay's result matches the plan, into `out` (as each is measured)."""
+    cp = cupy()
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs = {}
+    for name, fn in (("access", lambda: dev.launch_access()),
+                     ("access_commit", lambda: (dev.launch_access(), dev.launch_commit()))):
         with stream:
             dev.restore(snap)
-            graphs["access"].launch(stream)
-        stream.synchronize()
-        out["device_matches_plan_in_graph_run"] = not compare_with_plan(dev.result(), plan)
-    except Exception as exc:  # graph capture is an optimisation; report why it was not measured
-        out["graph_error"] = f"{type(exc).__name__}: {exc}"
-    out["stages_s"] = stage_times(dev, snap)
-    best = out.get("graph_access_s", out["eager_access_s"])
-    out["refs_per_s"] = out["num_refs"] / best
-    return out
+            stream.synchronize()
+            stream.begin_capture()
+            fn()
+            graphs[name] = stream.end_capture()
+    for name, g in graphs.items():
+        samples = []
+        for _ in range(repeat):
+            with stream:
+                dev.restore(snap)
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            g.launch(stream)
+            b.record(stream)
+            b.synchronize()
+            samples.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+        out[f"graph_{name}_s"] = float(np.median(samples))
+    with stream:
+        dev.restore(snap)
+        graphs["access"].launch(stream)
+    stream.synchronize()
+    out["device_matches_plan_in_graph_run"] = not compare_with_plan(dev.result(), plan)
 
 
 def stage_times(dev, snap, repeat: int = 5) -> dict:
