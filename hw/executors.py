@@ -196,14 +196,48 @@ class GpuExecutor(NumpyExecutor):
             self.dev.set_refs(refs)
 
     def run_step(self, plan, refs, pending) -> dict:
-        from ulacache.backends.cupy_copy import gather_rows
+        """One step on the GPUs, timed: GPU 0's access, each rank's exchange and new-token writes, then (after every
+        exchange) the peer gathers, then GPU 0's commit; the step time and its parts, the device's hits and its
+        differences from the facade's plan."""
         from ulacache.backends.cupy_pipeline import compare_with_plan, spin
 
-        cp, R = self.cp, self.R
+        cp = self.cp
         lists = transfer_lists(self.cache, plan, pending)
         self._track(lists)
+        staged = self._stage(lists)
+        s0 = self.streams[0]
+        with cp.cuda.Device(0), s0:
+            spin(self.SPIN_NS)
+            e0 = s0.record()
+            self.dev.launch_access()
+            e_acc = s0.record()
+        starts, exchanged = self._exchanges(staged, e_acc)
+        gathers, done = self._peer_gathers(staged, exchanged)
+        with cp.cuda.Device(0), s0:
+            for e in done.values():
+                s0.wait_event(e)
+            e_x = s0.record()
+            self.dev.launch_commit()
+            e1 = s0.record()
+        e1.synchronize()
+        for r in range(self.R):
+            self.streams[r].synchronize()
+        t = lambda a, b: cp.cuda.get_elapsed_time(a, b) * 1e-3
+        res = self.dev.result()
+        parts = {"access": t(e0, e_acc), "transfers": t(e_acc, e_x), "commit": t(e_x, e1)}
+        for r in range(self.R):  # per-rank GPU time of its exchange, and of its peer gathers (events on that GPU)
+            parts[f"exchange_r{r}"] = t(starts[r], exchanged[r])
+            if self.R > 1:  # peer = waiting for the other ranks' exchanges + the gathers themselves
+                parts[f"peer_r{r}"] = t(exchanged[r], done[r])
+                parts[f"gather_r{r}"] = t(gathers[r], done[r])
+        return {"measured_s": t(e0, e1), "parts_s": parts,
+                "num_hits": res["num_hits"], "diffs": compare_with_plan(res, plan)}
+
+    def _stage(self, lists: list[dict]) -> list[dict]:
+        """Untimed: upload each rank's index lists and the new tokens' rows to its GPU."""
+        cp = self.cp
         staged = []
-        for r, lst in enumerate(lists):  # untimed: upload the index lists and the new tokens' rows
+        for r, lst in enumerate(lists):
             with cp.cuda.Device(r):
                 d = {"peers": {h: (cp.asarray(s), cp.asarray(t)) for h, (s, t, _) in lst["peers"].items()}}
                 if self.exchange_kernel == "grid":
@@ -214,19 +248,20 @@ class GpuExecutor(NumpyExecutor):
                     d["pend_i"] = cp.arange(lst["pend_h"].size, dtype=cp.int64)
                 staged.append(d)
                 cp.cuda.Device(r).synchronize()
-        s0 = self.streams[0]
-        ev = lambda s: s.record()
-        with cp.cuda.Device(0), s0:
-            spin(self.SPIN_NS)
-            e0 = ev(s0)
-            self.dev.launch_access()
-            e_acc = ev(s0)
-        exchanged, done, starts, gathers = {}, {}, {}, {}
-        for r in self.order:  # phase 1: each rank's exchange (PCIe) and new-token writes
+        return staged
+
+    def _exchanges(self, staged: list[dict], e_acc) -> tuple[dict, dict]:
+        """Phase 1, after the access (`e_acc`): each rank's exchange (PCIe) and new-token writes; per rank its start
+        and end events."""
+        from ulacache.backends.cupy_copy import gather_rows
+
+        cp = self.cp
+        starts, exchanged = {}, {}
+        for r in self.order:
             s = self.streams[r]
             with cp.cuda.Device(r), s:
                 s.wait_event(e_acc)
-                starts[r] = ev(s)
+                starts[r] = s.record()
                 if self.exchange_kernel == "grid":  # the calibration's kernel: grid sized by rows, lists on GPU r
                     from ulacache.backends.cupy_copy import exchange_rows
 
@@ -236,36 +271,27 @@ class GpuExecutor(NumpyExecutor):
                 d = staged[r]
                 if "pend_h" in d:
                     gather_rows(self.host[r], d["pend_rows"], d["pend_h"], d["pend_i"], self.rb, stream=s)
-                exchanged[r] = ev(s)
-        for r in self.order:  # phase 2: peer gathers read promoted entries from their home GPU: after all exchanges
+                exchanged[r] = s.record()
+        return starts, exchanged
+
+    def _peer_gathers(self, staged: list[dict], exchanged: dict) -> tuple[dict, dict]:
+        """Phase 2: peer gathers read promoted entries from their home GPU, after all exchanges; per rank the events
+        at its gathers' start and end."""
+        from ulacache.backends.cupy_copy import gather_rows
+
+        cp = self.cp
+        gathers, done = {}, {}
+        for r in self.order:
             s = self.streams[r]
             with cp.cuda.Device(r), s:
                 for q, e in exchanged.items():
                     if q != r and staged[r]["peers"]:
                         s.wait_event(e)
-                gathers[r] = ev(s)
+                gathers[r] = s.record()
                 for h, (src, dst) in staged[r]["peers"].items():
                     gather_rows(self.buf[r], self.gpu[h], dst, src, self.rb, stream=s)
-                done[r] = ev(s)
-        with cp.cuda.Device(0), s0:
-            for e in done.values():
-                s0.wait_event(e)
-            e_x = ev(s0)
-            self.dev.launch_commit()
-            e1 = ev(s0)
-        e1.synchronize()
-        for r in range(R):
-            self.streams[r].synchronize()
-        t = lambda a, b: cp.cuda.get_elapsed_time(a, b) * 1e-3
-        res = self.dev.result()
-        parts = {"access": t(e0, e_acc), "transfers": t(e_acc, e_x), "commit": t(e_x, e1)}
-        for r in range(R):  # per-rank GPU time of its exchange, and of its peer gathers (events on that GPU)
-            parts[f"exchange_r{r}"] = t(starts[r], exchanged[r])
-            if R > 1:  # peer = waiting for the other ranks' exchanges + the gathers themselves
-                parts[f"peer_r{r}"] = t(exchanged[r], done[r])
-                parts[f"gather_r{r}"] = t(gathers[r], done[r])
-        return {"measured_s": t(e0, e1), "parts_s": parts,
-                "num_hits": res["num_hits"], "diffs": compare_with_plan(res, plan)}
+                done[r] = s.record()
+        return gathers, done
 
     def check_state(self) -> list:
         from ulacache.backends.cupy_pipeline import compare_state
