@@ -331,6 +331,41 @@ def _commit(tree: Path) -> str:
 
 
 def main(argv=None) -> int:
+    """Run the grid's missing records (or only rebuild the table), saving after each record."""
+    args = _parser().parse_args(argv)
+    tree = Path(args.tree).resolve()
+    path = Path(args.out_dir) / f"paper_configs_{args.label}.json"
+    data = load_records(path)
+    if args.summarize:
+        _summarize(args, path, data)
+        return 0
+    if args.mem_budget_gb is None:
+        args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    caps = tuple(int(c) for c in args.only_caps.split(","))
+    parts = [p for p in args.filter.split(",") if p]
+    extra = tuple(int(c) for c in args.b300_extra_caps.split(",") if c)
+    runs = [r for r in todo(grid(caps, extra), data["records"], lambda r: run_config(r, args))
+            if all(p in r["key"] for p in parts)]
+    data["meta"] = _meta(args, argv, tree, data.get("meta") or {}, extra)
+    print(f"{len(runs)} runs to do in {tree} ({args.jobs} at once, {args.mem_budget_gb:.0f} GB)", flush=True)
+
+    def on_record(key: str, rec: dict) -> None:
+        rec["commit"] = data["meta"]["commit"]  # records of earlier calls may come from other commits
+        data["records"][key] = rec
+        save(path, data)
+        m = rec.get("metrics", {})
+        print(f"{key:34s} {rec['status']:8s} {rec.get('wall_s', 0):7.1f} s {rec.get('cpu_s', 0):7.1f} cpu-s "
+              f"{rec.get('peak_rss_gb', 0):6.2f} GB  tok/s {m.get('decode_throughput_tok_s', 0) or 0:9.0f} "
+              f"adm {m.get('max_admitted_concurrency', '-')} {rec.get('error', '')}", flush=True)
+
+    run_all(runs, tree, args, on_record)
+    save(path, data)
+    print(path.with_suffix(".md").read_text())
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of this script."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", required=True, help="before | after | any name: paper_configs_<label>.json/.md")
     ap.add_argument("--tree", default=str(ROOT), help="checkout whose sim/ runs (default: this one)")
@@ -352,33 +387,29 @@ def main(argv=None) -> int:
     ap.add_argument("--summarize", action="store_true", help="only rebuild the table from the records")
     ap.add_argument("--compare", default=None, metavar="LABEL",
                     help="with --summarize: also write paper_configs_<LABEL>_vs_<label>.md, the two side by side")
-    args = ap.parse_args(argv)
-    tree = Path(args.tree).resolve()
-    path = Path(args.out_dir) / f"paper_configs_{args.label}.json"
-    data = load_records(path)
-    if args.summarize:
-        save(path, data)
-        print(path.with_suffix(".md").read_text())
-        if args.compare:
-            other = load_records(Path(args.out_dir) / f"paper_configs_{args.compare}.json")
-            out = Path(args.out_dir) / f"paper_configs_{args.compare}_vs_{args.label}.md"
-            out.write_text(compare_markdown(other, data))
-            print(out.read_text())
-        return 0
-    if args.mem_budget_gb is None:
-        args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    caps = tuple(int(c) for c in args.only_caps.split(","))
-    parts = [p for p in args.filter.split(",") if p]
-    extra = tuple(int(c) for c in args.b300_extra_caps.split(",") if c)
-    runs = [r for r in todo(grid(caps, extra), data["records"], lambda r: run_config(r, args))
-            if all(p in r["key"] for p in parts)]
+    return ap
+
+
+def _summarize(args, path: Path, data: dict) -> None:
+    """Rewrite the table from the records (and, with --compare, the side-by-side table) and print them."""
+    save(path, data)
+    print(path.with_suffix(".md").read_text())
+    if args.compare:
+        other = load_records(Path(args.out_dir) / f"paper_configs_{args.compare}.json")
+        out = Path(args.out_dir) / f"paper_configs_{args.compare}_vs_{args.label}.md"
+        out.write_text(compare_markdown(other, data))
+        print(out.read_text())
+
+
+def _meta(args, argv, tree: Path, old: dict, extra: tuple) -> dict:
+    """This call's provenance (the calls that wrote earlier records of the file kept, newest last), settings and
+    definitions."""
     run_py = tree / "sim" / "run.py"
     has_steady = run_py.is_file() and "run_throughput_tok_s" in run_py.read_text()
-    old = data.get("meta") or {}
     earlier = old.pop("earlier_calls", [])
     if old:  # the calls that wrote earlier records of this file, newest last
         earlier.append({k: old.get(k) for k in ("date", "command", "machine", "commit", "settings")})
-    data["meta"] = {
+    return {
         "earlier_calls": earlier,
         "label": args.label, "tree": str(tree), "commit": args.commit or _commit(tree),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -391,21 +422,6 @@ def main(argv=None) -> int:
         "tree_has_steady_metric": has_steady,
         "definitions": definitions(has_steady, args),
     }
-    print(f"{len(runs)} runs to do in {tree} ({args.jobs} at once, {args.mem_budget_gb:.0f} GB)", flush=True)
-
-    def on_record(key: str, rec: dict) -> None:
-        rec["commit"] = data["meta"]["commit"]  # records of earlier calls may come from other commits
-        data["records"][key] = rec
-        save(path, data)
-        m = rec.get("metrics", {})
-        print(f"{key:34s} {rec['status']:8s} {rec.get('wall_s', 0):7.1f} s {rec.get('cpu_s', 0):7.1f} cpu-s "
-              f"{rec.get('peak_rss_gb', 0):6.2f} GB  tok/s {m.get('decode_throughput_tok_s', 0) or 0:9.0f} "
-              f"adm {m.get('max_admitted_concurrency', '-')} {rec.get('error', '')}", flush=True)
-
-    run_all(runs, tree, args, on_record)
-    save(path, data)
-    print(path.with_suffix(".md").read_text())
-    return 0
 
 
 def definitions(has_steady: bool, args) -> str:
