@@ -140,53 +140,15 @@ def git_commit() -> str:
 
 
 def main() -> int:
+    """Measure every part, print the summary, write the result JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the TP part")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     load_before = os.getloadavg()
-    res: dict = {"build_s": {}, "resident": {}, "misses": {}, "rss_mb": {}}
-    for name, (g, c) in (("small", SMALL), ("large", LARGE)):
-        for mode, ranks in (("dp", 1), ("tp", 4)):
-            cfg = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=g, cpu_slots=c)
-            res["build_s"][f"{mode}{ranks}_{name}"] = float(np.median([build_s(cfg) for _ in range(3)]))
-    res["rss_mb"]["after_build"] = rss_mb()
-    for name, (g, c) in (("small", SMALL), ("large", LARGE)):
-        cfg = CacheConfig(gpu_slots=g, cpu_slots=c)
-        res["resident"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 16, 12_288, s), args.trials)
-    res["rss_mb"]["after_resident"] = rss_mb()
-    for name, c in (("small", SMALL[1]), ("large_cpu", LARGE[1])):
-        cfg = CacheConfig(gpu_slots=SMALL[0], cpu_slots=c)
-        res["misses"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 16, 65_536, s), args.trials)
-    res["rss_mb"]["after_misses"] = rss_mb()
-    for part in ("resident", "misses"):
-        a, b = res[part].values()
-        for key in ("access_s", "access_commit_s", "access_cpu_s", "access_commit_cpu_s"):
-            res[part]["ratio_" + key[:-2]] = b[key] / a[key]
-    if not args.quick:
-        res["tp4"] = {}
-        for name, (g, c) in (("small", (250_000, 2_500_000)), ("large", LARGE)):
-            cfg = CacheConfig(mode="tp", num_ranks=4, gpu_slots=g, cpu_slots=c, local_buffer_slots=700_000)
-            res["tp4"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 256, 10_000, s, warm=3),
-                                           max(1, args.trials // 2))
-            res["rss_mb"][f"after_tp4_{name}"] = rss_mb()
-    for key, val in res["build_s"].items():
-        print(f"build {key:10s} {val * 1e3:8.1f} ms")
-    for part in ("resident", "misses"):
-        for name, r in res[part].items():
-            if isinstance(r, dict):
-                print(f"{part:8s} {name:9s} unique {r['unique']:,} hits {r['hits']:,}: access "
-                      f"{r['access_s'] * 1e3:.1f} ms (cpu {r['access_cpu_s'] * 1e3:.1f}), access+commit "
-                      f"{r['access_commit_s'] * 1e3:.1f} ms (cpu {r['access_commit_cpu_s'] * 1e3:.1f})")
-        p = res[part]
-        print(f"{part:8s} ratio access {p['ratio_access']:.2f}x (cpu {p['ratio_access_cpu']:.2f}x), access+commit "
-              f"{p['ratio_access_commit']:.2f}x (cpu {p['ratio_access_commit_cpu']:.2f}x)")
-    for name, r in res.get("tp4", {}).items():
-        print(f"tp4 {name:5s} refs {r['refs']:,} unique {r['unique']:,} local hits {r['local_hits']:,} peer "
-              f"{r['peer_fetches']:,}: access {r['access_s']:.3f} s, access+commit {r['access_commit_s']:.3f} s "
-              f"(cpu {r['access_commit_cpu_s']:.3f} s)")
-    print(f"peak RSS {res['rss_mb']}")
+    res = measure(args.trials, tp=not args.quick)
+    print_summary(res)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", *sys.argv]),
@@ -206,6 +168,56 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def measure(trials: int, tp: bool) -> dict:
+    """build, resident, misses (with their large/small ratios) and, with `tp`, the TP part; peak RSS after each."""
+    res: dict = {"build_s": {}, "resident": {}, "misses": {}, "rss_mb": {}}
+    for name, (g, c) in (("small", SMALL), ("large", LARGE)):
+        for mode, ranks in (("dp", 1), ("tp", 4)):
+            cfg = CacheConfig(mode=mode, num_ranks=ranks, gpu_slots=g, cpu_slots=c)
+            res["build_s"][f"{mode}{ranks}_{name}"] = float(np.median([build_s(cfg) for _ in range(3)]))
+    res["rss_mb"]["after_build"] = rss_mb()
+    for name, (g, c) in (("small", SMALL), ("large", LARGE)):
+        cfg = CacheConfig(gpu_slots=g, cpu_slots=c)
+        res["resident"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 16, 12_288, s), trials)
+    res["rss_mb"]["after_resident"] = rss_mb()
+    for name, c in (("small", SMALL[1]), ("large_cpu", LARGE[1])):
+        cfg = CacheConfig(gpu_slots=SMALL[0], cpu_slots=c)
+        res["misses"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 16, 65_536, s), trials)
+    res["rss_mb"]["after_misses"] = rss_mb()
+    for part in ("resident", "misses"):
+        a, b = res[part].values()
+        for key in ("access_s", "access_commit_s", "access_cpu_s", "access_commit_cpu_s"):
+            res[part]["ratio_" + key[:-2]] = b[key] / a[key]
+    if tp:
+        res["tp4"] = {}
+        for name, (g, c) in (("small", (250_000, 2_500_000)), ("large", LARGE)):
+            cfg = CacheConfig(mode="tp", num_ranks=4, gpu_slots=g, cpu_slots=c, local_buffer_slots=700_000)
+            res["tp4"][name] = median_runs(lambda s, cfg=cfg: access_run(cfg, 256, 10_000, s, warm=3),
+                                           max(1, trials // 2))
+            res["rss_mb"][f"after_tp4_{name}"] = rss_mb()
+    return res
+
+
+def print_summary(res: dict) -> None:
+    """One line per build, per measured pool and ratio, per TP run, and the peak RSS."""
+    for key, val in res["build_s"].items():
+        print(f"build {key:10s} {val * 1e3:8.1f} ms")
+    for part in ("resident", "misses"):
+        for name, r in res[part].items():
+            if isinstance(r, dict):
+                print(f"{part:8s} {name:9s} unique {r['unique']:,} hits {r['hits']:,}: access "
+                      f"{r['access_s'] * 1e3:.1f} ms (cpu {r['access_cpu_s'] * 1e3:.1f}), access+commit "
+                      f"{r['access_commit_s'] * 1e3:.1f} ms (cpu {r['access_commit_cpu_s'] * 1e3:.1f})")
+        p = res[part]
+        print(f"{part:8s} ratio access {p['ratio_access']:.2f}x (cpu {p['ratio_access_cpu']:.2f}x), access+commit "
+              f"{p['ratio_access_commit']:.2f}x (cpu {p['ratio_access_commit_cpu']:.2f}x)")
+    for name, r in res.get("tp4", {}).items():
+        print(f"tp4 {name:5s} refs {r['refs']:,} unique {r['unique']:,} local hits {r['local_hits']:,} peer "
+              f"{r['peer_fetches']:,}: access {r['access_s']:.3f} s, access+commit {r['access_commit_s']:.3f} s "
+              f"(cpu {r['access_commit_cpu_s']:.3f} s)")
+    print(f"peak RSS {res['rss_mb']}")
 
 
 if __name__ == "__main__":
