@@ -48,6 +48,8 @@ def _flag_row(action: argparse.Action) -> str | None:
     if action.choices and not isinstance(action.choices, dict):
         text += f" (one of: {', '.join(map(str, action.choices))})"
     default = action.default
+    if isinstance(default, Path) and default.is_absolute() and default.is_relative_to(ROOT):
+        default = default.relative_to(ROOT)  # a file of the checkout, not of the machine that ran this
     hidden = default is None or default is False or default == [] or default == argparse.SUPPRESS
     shown = "" if hidden or action.nargs == 0 else f"`{default}`"
     if action.required:
