@@ -1,7 +1,9 @@
 """sim: the simpy discrete-event simulator of DP/TP sparse-attention decode on 8-GPU nodes.
 
 Public API: `replay(config, out_dir, progress, trace_events, calibration)` -> metrics dict, `load_config(path,
-overrides)` -> resolved config dict, `CostModel` (sim.costs) for `hw validate`.
+overrides)` -> resolved config dict, `CostModel` (sim.costs) for `hw validate`. This package is the simulator core;
+what is built on many replays (sweep, plan, sensitivity, policy-compare) is sim.studies, and the commands' front-ends
+are in ulacache_cli.
 """
 from __future__ import annotations
 
