@@ -162,22 +162,7 @@ class StepTimer:
         cols = list(zip(*work))  # cols[j]: item j on every simulated rank
         if order is None:
             order = GroupOrder.of(range(len(cols)))
-        heads: list[int] = []  # the first group of each distinct work, in group order
-        mult: dict[int, int] = {}  # that group -> how many groups share its work
-        item_of: dict[int, int] = {}  # that group -> its item
-        if dedup:  # an item's groups share its objects; equal items of other groups are found by value
-            by_value: dict[tuple, int] = {}
-            for item, pos, count in order.firsts:
-                head = by_value.setdefault(cols[item], pos)
-                if head == pos:
-                    heads.append(pos)
-                    mult[pos] = 0
-                    item_of[pos] = item
-                mult[head] += count
-        else:
-            heads = list(range(len(order.seq)))
-            mult = dict.fromkeys(heads, 1)
-            item_of = dict(enumerate(order.seq))
+        heads, mult, item_of = self._heads(cols, order, dedup)
         self.node.simulate(ranks)  # each simulated rank stands for num_gpus / len(ranks) GPUs on shared host caps
         totals = dict.fromkeys(PARTS, 0.0)
         elapsed = 0.0
@@ -186,25 +171,57 @@ class StepTimer:
         for g in heads:
             parts = [zero[:] for _ in ranks]  # per simulated rank, its parts (Python floats: cheap scalar arithmetic)
             t0 = env.now
-            ws = cols[item_of[g]]
-            last, sim_idx, computed = (None, range(len(ranks)), []) if tracing else self._quiet(ws, ranks, parts)
-            if last is None:
-                # the simulated ranks are computed where they can be (`_solo`), else they run on simpy
-                arrivals = None if tracing else self._solo(sim_idx, ranks, ws, parts)
-                if arrivals is not None:
-                    last = max(arrivals + computed)
-                else:
-                    barrier = Barrier(env, len(sim_idx))
-                    procs = [env.process(self._rank(i, ranks[i], g, ws[i], barrier, parts)) for i in sim_idx]
-                    env.run(until=all_of(env, procs))
-                    last = max(barrier.arrivals + computed)
-            elif last[0] > t0:
-                run_until(env, last[0])
+            last = self._group(g, cols[item_of[g]], ranks, parts, tracing)
             crit = ranks.index(last[1])  # the group's time is its last-arriving rank's
             m = mult[g]
             for name, value in zip(PARTS, parts[crit]):
                 totals[name] += value * m
             elapsed += (env.now - t0) * mult[g]
+        return self._epilogue(start, elapsed, epilogue, ranks, totals)
+
+    @staticmethod
+    def _heads(cols: list, order: GroupOrder, dedup: bool) -> tuple[list[int], dict[int, int], dict[int, int]]:
+        """The first group of each distinct work in group order, how many groups share its work, and its item. With
+        `dedup` an item's groups share its objects and equal items of other groups are found by value."""
+        heads: list[int] = []
+        mult: dict[int, int] = {}
+        item_of: dict[int, int] = {}
+        if not dedup:
+            heads = list(range(len(order.seq)))
+            return heads, dict.fromkeys(heads, 1), dict(enumerate(order.seq))
+        by_value: dict[tuple, int] = {}
+        for item, pos, count in order.firsts:
+            head = by_value.setdefault(cols[item], pos)
+            if head == pos:
+                heads.append(pos)
+                mult[pos] = 0
+                item_of[pos] = item
+            mult[head] += count
+        return heads, mult, item_of
+
+    def _group(self, g: int, ws: list[GroupWork], ranks: list[int], parts: list[list[float]], tracing: bool):
+        """Run group g (ranks' works `ws`) to its last barrier arrival; returns that (time, rank)."""
+        env = self.env
+        t0 = env.now
+        last, sim_idx, computed = (None, range(len(ranks)), []) if tracing else self._quiet(ws, ranks, parts)
+        if last is None:
+            # the simulated ranks are computed where they can be (`_solo`), else they run on simpy
+            arrivals = None if tracing else self._solo(sim_idx, ranks, ws, parts)
+            if arrivals is not None:
+                return max(arrivals + computed)
+            barrier = Barrier(env, len(sim_idx))
+            procs = [env.process(self._rank(i, ranks[i], g, ws[i], barrier, parts)) for i in sim_idx]
+            env.run(until=all_of(env, procs))
+            return max(barrier.arrivals + computed)
+        if last[0] > t0:
+            run_until(env, last[0])
+        return last
+
+    def _epilogue(self, start: float, elapsed: float, epilogue: dict[str, float], ranks: list[int],
+                  totals: dict) -> tuple[float, dict]:
+        """The step's epilogue (draft passes, overhead) after its groups; the clock moved to the step's modelled
+        end (deduplicated groups are counted, not re-simulated). Returns (step seconds, parts)."""
+        env = self.env
         tail = sum(epilogue.values())
         if tail > 0:
             t0 = env.now
@@ -214,7 +231,6 @@ class StepTimer:
                     self.recorder.span(f"gpu{r} compute", "draft+sample", t0, env.now)
         for name, value in epilogue.items():
             totals[name] += value
-        # deduplicated groups are counted, not re-simulated: move the clock to the step's modelled end
         skipped = elapsed - (env.now - start - tail)
         if skipped > 1e-15 and env.now + skipped > env.now:  # a sliver below the clock's resolution is no time
             run_until(env, env.now + skipped)
@@ -294,22 +310,7 @@ class StepTimer:
             if pre > 0 and not now > t0:
                 return None  # a timeout below the clock's resolution: ordered after every process's start
             layer_c = w.attention_s + w.ffn_s + w.collective_s
-            first = 1 if w.prefetch else n
-            transfers, gating, lat = [], [], 0.0
-            if w.h2d_bytes > 0:
-                gating.append(len(transfers))
-                transfers.append((node.h2d[r], w.h2d_bytes * first))
-                if w.h2d_pays_latency:
-                    lat = max(lat, node.h2d[r].latency)
-            if w.peer_bytes > 0:
-                gating.append(len(transfers))
-                transfers.append((node.nvlink[r], w.peer_bytes * first))
-                lat = max(lat, node.nvlink[r].latency)
-            if w.d2h_bytes > 0:
-                if w.d2h_blocking:
-                    gating.append(len(transfers))
-                    lat = max(lat, node.d2h[r].latency)
-                transfers.append((node.d2h[r], w.d2h_bytes * first))
+            transfers, gating, lat = self._solo_transfers(w, r, 1 if w.prefetch else n)
             # its Initialize, the management timeout, an all_of over several gating transfers, its layers' timeout,
             # its end
             events += 3 + (pre > 0) + (len(gating) > 1)
@@ -327,18 +328,7 @@ class StepTimer:
             finish[b] = timed[0][pos]
         events += timed[1]
         done = max(max(f) for f in finish)
-        arrivals = []
-        for i, w, n, mgmt, layer_c, lat, gating, b, t1 in rows:
-            if b is None:  # a rank without transfers: only timeouts
-                end = self._quiet_arrival(w, t0, parts[i])
-            else:
-                t_gate = max(finish[b][k] for k in gating) if gating else t1
-                stall = t_gate - t1 + lat
-                t2 = t_gate + lat
-                end = t_gate + (lat + n * layer_c)
-                extra = max(0.0, (end - t2) - n * layer_c)
-                _write_parts(parts[i], w, mgmt, stall + extra)
-            arrivals.append((end, ranks[i]))
+        arrivals = [(self._solo_arrival(row, finish, t0, parts), ranks[row[0]]) for row in rows]
         end = max(arrivals)[0]
         # the fabric must be idle when the group ends, and simpy's clock must land on its end exactly
         if done >= end or not end > t0 or not t0 + (end - t0) == end:
@@ -347,6 +337,41 @@ class StepTimer:
         skip_events(self.env, events - 1)  # less the one `run(until=end)` schedules itself
         run_until(self.env, end)
         return arrivals
+
+    def _solo_transfers(self, w: GroupWork, r: int, first: int) -> tuple[list, list, float]:
+        """`_solo`'s transfers of rank r's first `first` layers: [(link, bytes)], the indices of those the layers
+        wait for, and the latency paid after them (the largest of theirs; none for a kernel reading host memory)."""
+        node = self.node
+        transfers, gating, lat = [], [], 0.0
+        if w.h2d_bytes > 0:
+            gating.append(len(transfers))
+            transfers.append((node.h2d[r], w.h2d_bytes * first))
+            if w.h2d_pays_latency:
+                lat = max(lat, node.h2d[r].latency)
+        if w.peer_bytes > 0:
+            gating.append(len(transfers))
+            transfers.append((node.nvlink[r], w.peer_bytes * first))
+            lat = max(lat, node.nvlink[r].latency)
+        if w.d2h_bytes > 0:
+            if w.d2h_blocking:
+                gating.append(len(transfers))
+                lat = max(lat, node.d2h[r].latency)
+            transfers.append((node.d2h[r], w.d2h_bytes * first))
+        return transfers, gating, lat
+
+    def _solo_arrival(self, row: tuple, finish: list, t0: float, parts: list[list[float]]) -> float:
+        """A rank's barrier arrival in `_solo` from its row (rank index, work, layers, management, layer compute,
+        latency, gating transfers, batch, transfers' start) and the batches' finish times; its parts written."""
+        i, w, n, mgmt, layer_c, lat, gating, b, t1 = row
+        if b is None:  # a rank without transfers: only timeouts
+            return self._quiet_arrival(w, t0, parts[i])
+        t_gate = max(finish[b][k] for k in gating) if gating else t1
+        stall = t_gate - t1 + lat
+        t2 = t_gate + lat
+        end = t_gate + (lat + n * layer_c)
+        extra = max(0.0, (end - t2) - n * layer_c)
+        _write_parts(parts[i], w, mgmt, stall + extra)
+        return end
 
     def _chain(self, r: int, after, nbytes: float, label: str):
         """A peer fetch that starts when `after` (the promotions into the home pools) completes: a CPU-resident
@@ -373,17 +398,45 @@ class StepTimer:
     def _rank(self, i: int, r: int, g: int, w: GroupWork, barrier: Barrier, parts: list[list[float]]):
         """Rank r's part of group g. Per-transfer latency is paid once after the gating transfers (it is not link
         occupancy); concurrent transfers on one link share its bandwidth (processor sharing)."""
-        env, node, rec = self.env, self.node, self.recorder
-        track = f"gpu{r} compute"
-        tracing = rec is not None and rec.enabled
+        env = self.env
         t0 = env.now
         n = w.layers
-        mgmt = _mgmt(w)  # HiSparse's swap-in kernel runs per layer
+        mgmt = _mgmt(w)  # HiSparse's swap-in kernel runs per layer (with drafts) or per group's anchor
         pre = w.indexer_s + w.allgather_s + mgmt
         if pre > 0:
             yield env.timeout(pre)
         layer_c = w.attention_s + w.ffn_s + w.collective_s
-        first = 1 if w.prefetch else n
+        flows, lat = self._start_first(r, g, w)
+        t1 = env.now
+        if flows:
+            yield all_of(env, flows) if len(flows) > 1 else flows[0]
+        stall = env.now - t1 + lat
+        t2 = env.now + lat
+        rest = self._start_rest(r, g, w) if w.prefetch and n > 1 else []
+        if rest:  # layer 1, then layers 2..n-1 overlapping the prefetch, then layer n once its data is in
+            yield env.timeout(lat + layer_c)
+            wait = [env.timeout((n - 2) * layer_c)] if n > 2 else []
+            yield all_of(env, wait + rest)
+            yield env.timeout(layer_c)
+        else:
+            yield env.timeout(lat + n * layer_c)
+        extra = max(0.0, (env.now - t2) - n * layer_c)
+        rec = self.recorder
+        if rec is not None and rec.enabled:
+            track, a = f"gpu{r} compute", t0 + w.indexer_s
+            rec.span(track, f"indexer g{g}", t0, a)
+            rec.span(track, f"allgather g{g}", a, a + w.allgather_s)
+            rec.span(track, f"{'mgmt' if w.prefetch else 'swap-in mgmt'} g{g}", a + w.allgather_s, t1)
+            rec.span(track, f"layers g{g} (x{n})", t2, env.now, {"transfer_stall_s": stall + extra})
+        _write_parts(parts[i], w, mgmt, stall + extra)
+        yield barrier.arrive(r)
+
+    def _start_first(self, r: int, g: int, w: GroupWork) -> tuple[list, float]:
+        """Start rank r's transfers of the layers its first layer waits for (all with no prefetch): the events it
+        waits on and the latency paid after them (the largest of theirs; a chained fetch pays the promotion's and
+        its own in sequence)."""
+        node = self.node
+        first = 1 if w.prefetch else w.layers
         flows, lat = [], 0.0
         h2d_ev = None
         node.hold()
@@ -404,41 +457,26 @@ class StepTimer:
                 flows.append(ev)
                 lat = max(lat, node.d2h[r].latency)
         node.release()
-        t1 = env.now
-        if flows:
-            yield all_of(env, flows) if len(flows) > 1 else flows[0]
-        stall = env.now - t1 + lat
-        t2 = env.now + lat
+        return flows, lat
+
+    def _start_rest(self, r: int, g: int, w: GroupWork) -> list:
+        """Start the prefetch of rank r's layers 2..n on the copy stream (HiSparse's replay on its side stream):
+        the events the last layer waits for."""
+        node, n = self.node, w.layers
         rest = []
-        if w.prefetch and n > 1:
-            h2d_ev = None
-            node.hold()
-            rest_h2d = w.h2d_bytes if w.h2d_replay_bytes is None else w.h2d_replay_bytes
-            if rest_h2d > 0:
-                h2d_ev = node.h2d[r].transfer(rest_h2d * (n - 1), f"h2d prefetch g{g}")
-                rest.append(h2d_ev)
-            if w.peer_bytes > 0:
-                rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))
-            if w.peer_after_h2d_bytes > 0:
-                rest.append(self._chain(r, h2d_ev, w.peer_after_h2d_bytes * (n - 1), f"peer after h2d prefetch g{g}"))
-            if w.d2h_bytes > 0:
-                ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
-                if w.d2h_blocking:
-                    rest.append(ev)
-            node.release()
-        if rest:  # layer 1, then layers 2..n-1 overlapping the prefetch, then layer n once its data is in
-            yield env.timeout(lat + layer_c)
-            wait = [env.timeout((n - 2) * layer_c)] if n > 2 else []
-            yield all_of(env, wait + rest)
-            yield env.timeout(layer_c)
-        else:
-            yield env.timeout(lat + n * layer_c)
-        extra = max(0.0, (env.now - t2) - n * layer_c)
-        if tracing:
-            a = t0 + w.indexer_s
-            rec.span(track, f"indexer g{g}", t0, a)
-            rec.span(track, f"allgather g{g}", a, a + w.allgather_s)
-            rec.span(track, f"{'mgmt' if w.prefetch else 'swap-in mgmt'} g{g}", a + w.allgather_s, t1)
-            rec.span(track, f"layers g{g} (x{n})", t2, env.now, {"transfer_stall_s": stall + extra})
-        _write_parts(parts[i], w, mgmt, stall + extra)
-        yield barrier.arrive(r)
+        h2d_ev = None
+        node.hold()
+        rest_h2d = w.h2d_bytes if w.h2d_replay_bytes is None else w.h2d_replay_bytes
+        if rest_h2d > 0:
+            h2d_ev = node.h2d[r].transfer(rest_h2d * (n - 1), f"h2d prefetch g{g}")
+            rest.append(h2d_ev)
+        if w.peer_bytes > 0:
+            rest.append(node.nvlink[r].transfer(w.peer_bytes * (n - 1), f"peer prefetch g{g}"))
+        if w.peer_after_h2d_bytes > 0:
+            rest.append(self._chain(r, h2d_ev, w.peer_after_h2d_bytes * (n - 1), f"peer after h2d prefetch g{g}"))
+        if w.d2h_bytes > 0:
+            ev = node.d2h[r].transfer(w.d2h_bytes * (n - 1), f"d2h prefetch g{g}")
+            if w.d2h_blocking:
+                rest.append(ev)
+        node.release()
+        return rest
