@@ -248,14 +248,26 @@ def derive(raw: dict) -> tuple[dict, dict | None]:
 
 
 def add_hisparse(calib: dict, path: str) -> None:
-    """Merge the HiSparse swap-in keys measured by `hw hisparse` (its JSON) into a calibration."""
+    """Merge the HiSparse swap-in keys measured by `hw hisparse` (its JSON) into a calibration: every key per swap-in
+    call, CUDA-graph replayed behind a busy stream (hw/hisparse_graph.py). Keys the simulator does not know yet end
+    under provenance.pending_costs (write_accepted)."""
     res = json.loads(Path(path).read_text())
-    costs = dict(res["costs"])
-    costs["hisparse_swapin_efficiency_by_batch"] = {int(k): float(v) for k, v in
-                                                    costs["hisparse_swapin_efficiency_by_batch"].items()}  # JSON keys
+    costs = {k: ({int(b): float(e) for b, e in v.items()} if k.endswith("_by_batch") else v)  # JSON keys are strings
+             for k, v in res["costs"].items()}
     calib["costs"].update(costs)
     calib["provenance"]["hisparse"] = {"from": str(path), "date": res["date"], "command": res["command"],
+                                       "device": res["device"].get("gpu", "?"),
+                                       "timing": res.get("timing", "eager launch on an idle GPU (before issue 26)"),
                                        "source_digest": res["device"]["source_digest"]}
+
+
+def merge_hisparse(cal_path: str, json_path: str) -> list[str]:
+    """Update only the HiSparse keys (and provenance.hisparse) of an existing calibration YAML from a `hw hisparse`
+    JSON, leaving every other key as it is. Returns the keys moved to provenance.pending_costs."""
+    path = Path(cal_path)
+    data = yaml.safe_load(path.read_text())
+    add_hisparse(data, json_path)
+    return write_accepted(path, data)
 
 
 def write_accepted(path: Path, data: dict) -> list[str]:

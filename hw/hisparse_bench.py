@@ -210,7 +210,7 @@ def derive_costs(plain: list[dict], mtp: list[dict], planned: list[dict], h2d_bw
     """The simulator's keys, every one per call, graph-replayed behind a busy stream (hw/hisparse_graph.py):
     plain: hisparse_swapin_fixed_s + hisparse_per_ref_s x (batch x top_k) is the plan (skip-IO) time of one call,
     hisparse_swapin_efficiency_by_batch the copy share of the H2D ceiling; MTP (one launch pair per layer for all
-    verify steps): hisparse_mtp_swapin_fixed_s + hisparse_mtp_per_occurrence_s x (batch x steps x top_k),
+    verify steps): hisparse_mtp_swapin_fixed_s + hisparse_mtp_per_ref_s x (batch x steps x top_k),
     hisparse_mtp_swapin_efficiency_by_batch; IndexShare skip layer: hisparse_planned_copy_fixed_s per replay call and
     hisparse_planned_copy_efficiency_by_batch. Returns (costs, fits)."""
     for p in plain:
@@ -221,7 +221,7 @@ def derive_costs(plain: list[dict], mtp: list[dict], planned: list[dict], h2d_bw
     eager = [dict(p, skip_io_us=p["eager_idle_skip_io_us"]) for p in plain]
     costs = {"hisparse_swapin_fixed_s": fp["const_s"], "hisparse_per_ref_s": fp["per_ref_s"],
              "hisparse_swapin_efficiency_by_batch": _eff_table(plain, h2d_bw_bytes_s),
-             "hisparse_mtp_swapin_fixed_s": fm["const_s"], "hisparse_mtp_per_occurrence_s": fm["per_ref_s"],
+             "hisparse_mtp_swapin_fixed_s": fm["const_s"], "hisparse_mtp_per_ref_s": fm["per_ref_s"],
              "hisparse_mtp_swapin_efficiency_by_batch": _eff_table(mtp, h2d_bw_bytes_s),
              "hisparse_planned_copy_fixed_s": float(np.median([p["empty_us"] for p in planned])) * 1e-6,
              "hisparse_planned_copy_efficiency_by_batch": _eff_table(planned, h2d_bw_bytes_s)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hw.hisparse import SwapState, TopkStream, init_state, swapin_reference
+from hw.hisparse import SwapState, TopkStream, init_state, planned_copy_reference, swapin_reference
 
 
 def _tiny() -> SwapState:
@@ -61,6 +61,31 @@ def test_invariants_over_steps(keep):
         prev_hits += int(K * B - miss.sum())
     if keep > 0:
         assert prev_hits > 0
+
+
+def test_recorded_plan_replays_the_copies():
+    """An IndexShare skip layer replaying the anchor's recorded plan into its own buffer gets exactly the rows the
+    anchor's swap-in copied (the slot table is shared); hits and the fast path record nothing."""
+    rng = np.random.default_rng(4)
+    B, H, K, S, rb = 3, 64, 24, 400, 16
+    seq = np.array([400, 300, 50])  # the last request takes the fast path
+    st = init_state(seq, H, S, seed=2)
+    host = rng.integers(0, 256, size=(B * S, rb), dtype=np.uint8)
+    anchor, skip = np.zeros((B * (H + 1), rb), np.uint8), np.zeros((B * (H + 1), rb), np.uint8)
+    sel = TopkStream(seq, K, 0.5, seed=3)
+    for _ in range(6):
+        tk = sel.step()
+        plan = (np.full((B, K), -1, np.int64), np.full((B, K), -1, np.int32))
+        before = anchor.copy()
+        _, miss = swapin_reference(st, tk, host, anchor, plan=plan)
+        changed = np.flatnonzero((anchor != before).any(1))
+        planned_copy_reference(plan[0], plan[1], miss, host, skip)
+        assert miss[2] == 0 and (plan[0][2] == -1).all()
+        for b in range(B):
+            assert np.unique(plan[1][b, :miss[b]]).size == miss[b]  # each miss its own device row
+        assert set(changed.tolist()) <= set(np.concatenate([plan[1][b, :miss[b]] for b in range(B)]).tolist())
+        rows = np.concatenate([plan[1][b, :miss[b]] for b in range(B)])
+        assert np.array_equal(skip[rows], anchor[rows])
 
 
 @pytest.mark.gpu
