@@ -2,7 +2,12 @@
 # One device call for issue 26's HiSparse kernels: the GPU tests of the plain / planned-copy / MTP swap-in kernels,
 # then `hw hisparse` (checks vs numpy + graph-replayed and eager timings at batch 1..256) -> $OUT/hisparse_swapin.json.
 # Usage on the device machine (repo root): bash hw/device_hisparse.sh   (OUT defaults to out/device)
-# hypothesis is carried as wheels in .whl/ when the image lacks it (the tests' conftest imports it).
+# hypothesis is carried as wheels in .whl/ when the image lacks it (the tests' conftest imports it): here, once,
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl hypothesis==6.170.27 sortedcontainers attrs
+# and name .whl in the device call's carry. Afterwards, here: copy $OUT/hisparse_swapin.json to hw/results/ and
+#   python3 -c "from hw.calibrate import merge_hisparse; merge_hisparse('hw/calibration/h200.yaml', \
+#     'hw/results/hisparse_swapin.json')"      # the HiSparse keys and provenance.hisparse only
 set -uo pipefail
 OUT=${OUT:-out/device}
 mkdir -p "$OUT"
