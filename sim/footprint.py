@@ -38,6 +38,7 @@ import tracemalloc
 
 import numpy as np
 
+from ulacache.policies import POLICIES
 from ulacache.rows import GROW_FLOOR, HEADROOM, SMALL_ROW
 
 SCRATCH_BYTES_PER_REF = 64  # assumed: int64 address + int64 place + masks + argsort scratch of one reference
@@ -166,9 +167,15 @@ def _probe_fill(build, counts: list[int]) -> tuple[float, float]:
     return float(built - base), float(_held() - built)
 
 
+def _policy(c) -> type:
+    """The policy class of cache configuration `c`: what its layout holds is asked of it, never re-derived here."""
+    return POLICIES[c.policy]
+
+
 def _gpu_room(c) -> float:
-    """History entries one rank's GPU pool takes before the rest goes to the CPU tier (inf: one tier, hisparse)."""
-    return math.inf if c.policy == "hisparse" or not c.cpu_slots else float(c.gpu_slots)
+    """History entries one rank's GPU pool takes before the rest goes to the CPU tier (inf: the tiers do not split
+    the history: no CPU tier, or the GPU holds copies of a full CPU history)."""
+    return _policy(c).gpu_history_slots(c)
 
 
 def _starved(c):
@@ -214,7 +221,7 @@ def probe_cache(make_cache, k: int, entries: int, fullest: int) -> dict:
     rows = R if not dp else max(1, min(R, int(entries)))
     per_entry = (gpu_entry * on_gpu + cpu_entry * (entries - on_gpu)) / max(entries, 1)
     # rows laid out like a rank's addresses end at its address range (its pools' slots; hisparse: its CPU copy)
-    span = c.cpu_slots if c.policy == "hisparse" else c.gpu_slots + c.cpu_slots
+    span = _policy(c).address_slots_per_rank(c)
     total = fixed + per_entry * grown_ids(entries, rows, limit=span)
     if shared:  # rows as long as the fullest rank's GPU share, up to the pool (its rows end at the padded pool)
         total += shared * grown_ids(min(fullest, room), 1, ragged=False, limit=-(-c.gpu_slots // 64) * 64)
@@ -237,7 +244,7 @@ def probe_copies(make_cache, k: int) -> tuple[float, float]:
     with probing():
         cache, n = _one_request(make_cache, k)
         c = cache.config
-        slots = c.effective_local_buffer_slots if c.mode == "tp" and c.policy != "hisparse" else 0
+        slots = _policy(c).local_buffer_slots(c)
         per_copy = per_ref = 0.0
         addrs = cache.request_addresses(0)
         before = _held()
@@ -307,23 +314,18 @@ def entries_held(cache_config, bound, k: int) -> int:
     is simulated, independent of how the library lays it out, so that decisions taken on it (the pilot's request
     stride) never change when the library's memory layout does."""
     c = cache_config
-    if c.policy == "hisparse":
-        copies = c.num_ranks * c.gpu_slots
-    elif c.mode == "tp":
-        copies = c.num_ranks * c.effective_local_buffer_slots
-    else:
-        copies = 0
-    return int(bound.cache_entries(k)) + int(copies)
+    return int(bound.cache_entries(k)) + int(_policy(c).gpu_copy_slots(c))
 
 
 def copies_held(cache_config, bound, k: int, refs_per_step: int, steps: int | None = None) -> int:
     """GPU copies of other ranks' entries one cache may hold (TP local buffers): every rank's buffer full, at most
     the entries homed on the other ranks, and within `steps` policy steps (a pilot) at most what they reference."""
     c = cache_config
-    if c.mode != "tp" or c.policy == "hisparse" or c.num_ranks < 2:
+    slots = _policy(c).local_buffer_slots(c)
+    if not slots or c.num_ranks < 2:
         return 0
     entries = int(bound.cache_entries(k))
-    per_rank = min(int(c.effective_local_buffer_slots), entries - entries // c.num_ranks)
+    per_rank = min(int(slots), entries - entries // c.num_ranks)
     if steps is not None:
         per_rank = min(per_rank, steps * bound.cache_requests(k) * refs_per_step)
     return c.num_ranks * per_rank
@@ -340,8 +342,8 @@ def table_bytes(cache_config, bound, k: int, max_len: int) -> float:
 
 def _room(c) -> int:
     """Tokens a probe may allocate on rank 0 of a cache of configuration c (TP spreads them over every rank's pools)."""
-    per_rank = c.cpu_slots if c.policy == "hisparse" else c.gpu_slots + c.cpu_slots
-    return per_rank * (c.num_ranks if c.mode == "tp" and c.policy != "hisparse" else 1)
+    policy = _policy(c)
+    return policy.address_slots_per_rank(c) * policy.ranks_per_request(c)
 
 
 def estimate(cfg, system, requests, make_cache, processes: int = 1) -> dict:

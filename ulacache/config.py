@@ -73,14 +73,7 @@ class CacheConfig:
             raise ValueError(f"CacheConfig.payload_bytes x payload_layers must be <= {MAX_PAYLOAD_ROW_BYTES:,} bytes "
                              f"per token (GLM-5's 78 layers x 656 B are 51 KB), got {self.payload_bytes:,} x "
                              f"{self.payload_layers:,}")
-        if self.policy == "hisparse":
-            if self.cpu_slots < 1:
-                raise ValueError("CacheConfig.cpu_slots must be >= 1 for policy 'hisparse' (it keeps a full CPU copy)")
-            if self.gpu_slots < self.device_buffer_slots + 1:
-                raise ValueError(
-                    f"CacheConfig.gpu_slots ({self.gpu_slots}) must hold at least one hisparse request buffer "
-                    f"(device_buffer_slots + 1 = {self.device_buffer_slots + 1})"
-                )
+        POLICIES[self.policy].check_config(self)  # what the policy needs of the sizes (hisparse: a CPU copy)
 
     @property
     def effective_row_bytes(self) -> int:

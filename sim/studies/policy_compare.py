@@ -179,6 +179,7 @@ def compare(trace_path, gpu_slots=(20000, 40000, 80000), group: int | None = Non
     """Rows (policy, implementation, gpu_slots, hits, refs, hit_ratio) and a meta dict for policy_compare.json."""
     from sim.studies import peers as peer_mod
     from traces import open_trace
+    from ulacache.policies import POLICIES
 
     sizes = [int(s) for s in gpu_slots]
     if not sizes or min(sizes) < 1 or max(sizes) > 50_000_000:
@@ -202,7 +203,7 @@ def compare(trace_path, gpu_slots=(20000, 40000, 80000), group: int | None = Non
     for size in sizes:
         for policy in OURS:
             hits, uniq = replay_ours(stream, policy, size)
-            if policy == "lru":
+            if POLICIES[policy].exact_lru:  # the one to compare with libCacheSim's LRU batch for batch
                 ours_lru[size] = hits
             rows.append(_row(policy, "ulacache", size, int(hits[warmup_steps:].sum()),
                              int(uniq[warmup_steps:].sum())))

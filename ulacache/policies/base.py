@@ -19,6 +19,34 @@ class Policy(Protocol):
     num_places: int  # GPU + CPU places
     alloc_moves: tuple[np.ndarray, np.ndarray] | None  # GPU-internal byte moves done by the last alloc
 
+    exact_lru: bool  # the GPU pool keeps an exact LRU order (lru)
+
+    # Class-level facts of a configuration (classmethods: callers sizing a cache ask before building one)
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """ValueError (one line) when `cfg`'s sizes cannot hold this policy's layout."""
+
+    @classmethod
+    def address_slots_per_rank(cls, cfg) -> int:
+        """Addresses (history entries) one rank can hold."""
+
+    @classmethod
+    def gpu_history_slots(cls, cfg) -> float:
+        """History entries one rank's GPU tier holds before the rest goes to its CPU tier (inf: the tiers do not
+        split the history)."""
+
+    @classmethod
+    def local_buffer_slots(cls, cfg) -> int:
+        """Per-rank TP local buffer of copies of other ranks' entries (0: none)."""
+
+    @classmethod
+    def gpu_copy_slots(cls, cfg) -> int:
+        """GPU copies of entries (buffers, not history of their own) a cache holds at most over all ranks."""
+
+    @classmethod
+    def ranks_per_request(cls, cfg) -> int:
+        """Ranks over which one request's entries are spread."""
+
     def alloc_many(self, request_ids: list[int], counts: np.ndarray, ranks: np.ndarray, tp: bool) -> np.ndarray:
         """Addresses for counts[i] new tokens of request_ids[i]; CapacityError (nothing changed) when full."""
 

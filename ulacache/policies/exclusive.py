@@ -8,6 +8,7 @@ anything else meanwhile). Pool storage grows with the slots in use (pools.Pool);
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,6 +122,36 @@ class ExclusivePolicy:
     exclusive = True
     exact_lru = False  # the GPU pool keeps an exact LRU order (lru)
     stamp_dtype = np.int64  # the GPU pool's stamps (narrower where the clock stays small; Pool.fit_stamp widens)
+
+    # -- what a configuration holds (class-level: asked by callers sizing a cache before building one) -------------
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Nothing beyond CacheConfig's own checks."""
+
+    @classmethod
+    def address_slots_per_rank(cls, cfg) -> int:
+        """Addresses of one rank: each entry lives in exactly one tier, so its GPU and CPU slots."""
+        return cfg.gpu_slots + cfg.cpu_slots
+
+    @classmethod
+    def gpu_history_slots(cls, cfg) -> float:
+        """History entries one rank's GPU tier holds before the rest goes to its CPU tier (inf: no CPU tier)."""
+        return float(cfg.gpu_slots) if cfg.cpu_slots else math.inf
+
+    @classmethod
+    def local_buffer_slots(cls, cfg) -> int:
+        """Per-rank TP local buffer of copies of other ranks' entries (0: DP, no buffer)."""
+        return cfg.effective_local_buffer_slots if cfg.mode == "tp" else 0
+
+    @classmethod
+    def gpu_copy_slots(cls, cfg) -> int:
+        """GPU copies of entries (not history of their own) a cache holds at most over all ranks: the local buffers."""
+        return cfg.num_ranks * cls.local_buffer_slots(cfg)
+
+    @classmethod
+    def ranks_per_request(cls, cfg) -> int:
+        """Ranks one request's entries are spread over: TP homes spread over every rank; DP keeps them on one."""
+        return cfg.num_ranks if cfg.mode == "tp" else 1
 
     def __init__(self, cfg, be):
         self.cfg, self.be = cfg, be

@@ -19,6 +19,7 @@ requests and its slots, and a batch of one request (batch size 1) is told by the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,44 @@ _NO_MOVES = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # alloc_moves when n
 class HiSparsePolicy:
     name = "hisparse"
     exclusive = False
+    exact_lru = False  # no shared GPU pool in LRU order: each request's buffer is an LRU of its own
+
+    # -- what a configuration holds (class-level: asked by callers sizing a cache before building one) -------------
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """A full CPU copy, and a GPU pool of at least one request buffer."""
+        if cfg.cpu_slots < 1:
+            raise ValueError("CacheConfig.cpu_slots must be >= 1 for policy 'hisparse' (it keeps a full CPU copy)")
+        if cfg.gpu_slots < cfg.device_buffer_slots + 1:
+            raise ValueError(
+                f"CacheConfig.gpu_slots ({cfg.gpu_slots}) must hold at least one hisparse request buffer "
+                f"(device_buffer_slots + 1 = {cfg.device_buffer_slots + 1})"
+            )
+
+    @classmethod
+    def address_slots_per_rank(cls, cfg) -> int:
+        """Addresses of one rank: every entry lives in the CPU pool (the GPU holds copies)."""
+        return cfg.cpu_slots
+
+    @classmethod
+    def gpu_history_slots(cls, cfg) -> float:
+        """inf: the tiers do not split the history (the whole of it is on the CPU, the GPU buffers are copies)."""
+        return math.inf
+
+    @classmethod
+    def local_buffer_slots(cls, cfg) -> int:
+        """0: no TP local buffer (TP replicates the history and the buffers on every rank)."""
+        return 0
+
+    @classmethod
+    def gpu_copy_slots(cls, cfg) -> int:
+        """GPU copies of entries a cache holds at most over all ranks: every rank's request buffers."""
+        return cfg.num_ranks * cfg.gpu_slots
+
+    @classmethod
+    def ranks_per_request(cls, cfg) -> int:
+        """1: a request's history is on one rank (DP) or replicated whole on each (TP: one replica tracked)."""
+        return 1
 
     def __init__(self, cfg, be):
         self.cfg, self.be = cfg, be
