@@ -140,7 +140,8 @@ def _run_metrics(cfg: SimConfig, system, engine: Engine) -> dict:
     tokens = max(st.tokens, 1.0)
     return {
         "system": cfg.system, "attention": cfg.attention, "policy": system.policy_label,
-        "cpu_storage": bool(cfg.cpu_storage), "hardware": cfg.hardware.name,
+        "cpu_storage": bool(cfg.cpu_storage), **system.facts(),  # what reports select on (no system names)
+        "hardware": cfg.hardware.name,
         "num_gpus": cfg.num_gpus, "model": cfg.model.name, "draft_tokens": cfg.spec.draft_tokens,
         "num_requests": int(engine.n_req), "completed_requests": int(done.sum()),
         "rejected_requests": int(st.rejected), "decode_steps": int(st.steps),

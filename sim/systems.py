@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.config import SimConfig
 from traces.errors import TraceError
+
+if TYPE_CHECKING:  # annotations only: sim.config reads the section titles from SYSTEMS at import
+    from sim.config import SimConfig
 
 INF = float("inf")
 
@@ -136,7 +139,11 @@ class System:
     """Protocol + shared behaviour. Subclasses set `name`, `uses_policy` and implement `size()`."""
 
     name = ""
+    title = ""  # how the system is written in prose and titles (its config section's class name)
     uses_policy = False
+    configurable_policy = False  # runs the replacement policy the `policy:` key names (else its own, `name`)
+    speedup_baseline = False  # the system throughput speedups are quoted against (the offloading baseline)
+    local_buffer_key: str | None = None  # config key of its TP local buffer's share of the GPU KV budget (plan search)
     cost_keys: frozenset[str] = frozenset()  # cost-model keys only this system's mechanisms read
     prefetch = False  # one plan per indexer group, the group's other layers' data moved ahead on a copy stream
     partitioned_homes = False  # under TP each entry is stored once (on its home rank), not replicated per rank
@@ -183,7 +190,13 @@ class System:
     @property
     def policy_label(self) -> str:
         """The replacement policy the metrics name (the system's own unless it runs a configurable one)."""
-        return self.name
+        return self.cfg.policy if self.configurable_policy else self.name
+
+    @classmethod
+    def facts(cls) -> dict:
+        """What result readers (reports/, which import none of sim) select on instead of system names."""
+        return {"system_title": cls.title, "configurable_policy": cls.configurable_policy,
+                "speedup_baseline": cls.speedup_baseline}
 
     def query_chunk(self) -> int:
         """Verify tokens per access batch (all of a step's by default)."""
@@ -276,6 +289,7 @@ class SGLang(System):
     """Stock SGLang: every history entry and its index key on the GPU; TP attention replicates them on all ranks."""
 
     name = "sglang"
+    title = "SGLang"
 
     def size(self) -> Capacity:
         spaces, ranks = self.spaces()
@@ -297,7 +311,9 @@ class HiSparse(System):
     with the cap's device buffers in S, else the r that admits the most requests."""
 
     name = "hisparse"
+    title = "HiSparse"
     uses_policy = True
+    speedup_baseline = True
     h2d_pays_latency = False  # the swap-in kernel reads pinned host memory itself: its fixed time is its management
     d2h_blocking = False  # decode backups run on SGLang's decode_backup_stream
     cost_keys = frozenset({"hisparse_per_ref_s", "hisparse_swapin_efficiency", "hisparse_swapin_efficiency_by_batch",
@@ -450,14 +466,13 @@ class UlaCacheSystem(System):
     cap's requests can never fill in the pool go to the buffer (more copies kept for reuse across steps)."""
 
     name = "ulacache"
+    title = "UlaCache"
     uses_policy = True
+    configurable_policy = True
+    local_buffer_key = "ulacache.local_buffer_fraction"
     prefetch = True
     partitioned_homes = True
     sized_by_union = True
-
-    @property
-    def policy_label(self) -> str:
-        return self.cfg.policy
 
     @property
     def remote_share(self) -> float:

@@ -176,13 +176,7 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
             "gpu_kv_gb": gpu_kv_gb, "cpu_kv_gb": cpu_kv_gb, "slo_tpot_ms": slo_tpot_ms, "slo_metric": slo_metric,
             "config": str(config_path), "set": list(sets), "requests_per_cap": requests_per_cap, "systems": {}}
     fractions = [float(f) for f in buffer_fractions]
-    if fractions and attention != "tp":
-        raise ValueError("--buffer-fractions: UlaCache has a local buffer only under TP attention (--attention tp)")
-    if fractions and "ulacache" not in systems:
-        raise ValueError("--buffer-fractions searches UlaCache's split: add ulacache to --systems")
-    variants = [(s, [f"system={s}"]) for s in systems]
-    variants += [(f"ulacache@buffer={f:g}", ["system=ulacache", f"ulacache.local_buffer_fraction={f!r}"])
-                 for f in fractions]
+    variants = [(s, [f"system={s}"]) for s in systems] + _buffer_variants(systems, attention, fractions)
     jobs = []
     for system, chosen in variants:
         overrides = base + chosen
@@ -211,6 +205,24 @@ def run_plan(*, model: str, hardware: str, num_gpus: int, slo_tpot_ms: float, sy
     plot_plan(plan, out_dir / "plan.png")
     plan["plot"] = str(out_dir / "plan.png")
     return plan
+
+
+def _buffer_variants(systems: list[str], attention: str, buffer_fractions) -> list[tuple[str, list[str]]]:
+    """(entry name `S@buffer=F`, its overrides) for each system among `systems` with a TP local buffer (a System's
+    `local_buffer_key`) and each share F of the GPU KV budget for it."""
+    from sim.systems import SYSTEMS
+
+    fractions = [float(f) for f in buffer_fractions]
+    if not fractions:
+        return []
+    buffered = [name for name, cls in SYSTEMS.items() if cls.local_buffer_key]
+    titles = " or ".join(SYSTEMS[name].title for name in buffered)
+    if attention != "tp":
+        raise ValueError(f"--buffer-fractions: {titles} has a local buffer only under TP attention (--attention tp)")
+    if not set(buffered) & set(systems):
+        raise ValueError(f"--buffer-fractions searches {titles}'s split: add {' or '.join(buffered)} to --systems")
+    return [(f"{s}@buffer={f:g}", [f"system={s}", f"{SYSTEMS[s].local_buffer_key}={f!r}"])
+            for s in systems if s in buffered for f in fractions]
 
 
 def _search_system(job: dict) -> dict:
@@ -243,13 +255,21 @@ def _search_system(job: dict) -> dict:
 
 
 def _best_split(entries: dict) -> str | None:
-    """The UlaCache entry (default split or `ulacache@buffer=F`) with the highest feasible peak."""
-    found = {n: e["best"] for n, e in entries.items() if n.split("@")[0] == "ulacache" and e["best"]}
+    """The entry of a system with a local buffer (default split or `S@buffer=F`: UlaCache's) with the highest
+    feasible peak."""
+    from sim.systems import SYSTEMS
+
+    found = {n: e["best"] for n, e in entries.items()
+             if getattr(SYSTEMS.get(n.split("@")[0]), "local_buffer_key", None) and e["best"]}
     return max(found, key=lambda n: found[n]["throughput_tok_s"]) if found else None
 
 
 def _add_speedups(plan: dict) -> None:
-    ref = (plan["systems"].get("hisparse") or {}).get("best")
+    """Each entry's peak over the baseline system's (`System.speedup_baseline`: HiSparse), as speedup_vs_hisparse."""
+    from sim.systems import SYSTEMS
+
+    baseline = next((name for name, cls in SYSTEMS.items() if cls.speedup_baseline), None)
+    ref = (plan["systems"].get(baseline) or {}).get("best")
     for entry in plan["systems"].values():
         best = entry["best"]
         entry["speedup_vs_hisparse"] = (best["throughput_tok_s"] / ref["throughput_tok_s"]
