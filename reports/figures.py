@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from reports.frame import Skip, X, config_columns, facets, fmt_value, need, pin, series_order  # noqa: E402
+from reports.frame import Skip, X, config_columns, facets, fact, fmt_value, need, pin, series_order  # noqa: E402
 
 COLORS = {"sglang": "#1f77b4", "hisparse": "#ff7f0e", "ulacache": "#2ca02c", "ulacache (GPU+CPU)": "#2ca02c",
           "ulacache (GPU only)": "#9467bd", "pb-lru": "#2ca02c", "lru": "#8c564b"}
@@ -116,7 +116,7 @@ def peak_speedups(df, res, out_dir):
                                "model.preset"), prefer={"policy": "pb-lru"})
     rows = []
     for title, g in facets(sub):
-        h = g[g["system"] == "hisparse"]
+        h = g[fact(g, "speedup_baseline")]
         ref = (h.groupby(X)["decode_throughput_tok_s"].mean() if X in h.columns else h["decode_throughput_tok_s"]).max()
         for label in series_order(g["variant"]):
             s = g[g["variant"] == label]
@@ -271,7 +271,7 @@ def transfer_bytes(df, res, out_dir):
 # ---------------------------------------------------------------------------------------------- 5. pb-lru vs lru
 def policy_hit_rate(df, res, out_dir):
     need(df, ["gpu_hit_rate", "policy"], "GPU hit rates")
-    u = df[(df["system"] == "ulacache") & df["policy"].isin(["pb-lru", "lru"])]
+    u = df[fact(df, "configurable_policy") & df["policy"].isin(["pb-lru", "lru"])]
     others = [c for c in config_columns(u) if c != "policy"]
     if not u.empty:  # keep settings that were run under both policies
         key = pd.Series(["|".join(map(fmt_value, row)) for row in u[others].itertuples(index=False)],
@@ -328,7 +328,7 @@ def _sim_mrc(df):
     """The ulacache runs at two or more GPU pool sizes, pinned and faceted, with the pool key; or None."""
     if "gpu_hit_rate" not in df.columns or "system" not in df.columns or df["gpu_hit_rate"].isna().all():
         return None
-    u = df[df["system"] == "ulacache"]
+    u = df[fact(df, "configurable_policy")]
     for key, xlabel, scale in POOL_KEYS:
         if key in u.columns and pd.to_numeric(u[key], errors="coerce").nunique() >= 2:
             break

@@ -19,6 +19,24 @@ NUMERIC = ("decode_throughput_tok_s", "tpot_ms_p50", "tpot_ms_mean", "gpu_hit_ra
            "completed_requests", "num_requests", X, "ulacache.gpu_pool_slots", "spec.draft_tokens")
 
 
+# What the simulator records of each system (metrics.json, from its System class) and reports select on, never a
+# system's name. Result files written before it recorded them lack the columns (or, mixed with newer ones, hold
+# blanks): their rows take what those three systems were then. The only place reports map names to facts.
+FACTS_BEFORE_RECORDED = {
+    "configurable_policy": {"sglang": False, "hisparse": False, "ulacache": True},
+    "speedup_baseline": {"sglang": False, "hisparse": True, "ulacache": False},
+}
+
+
+def fact(df: pd.DataFrame, col: str) -> pd.Series:
+    """Boolean column `col` of the runs (a System fact the simulator records); rows without it (older result files)
+    take FACTS_BEFORE_RECORDED by their system, unknown systems False."""
+    legacy = df["system"].map(FACTS_BEFORE_RECORDED[col]) if "system" in df.columns else pd.Series(None, df.index)
+    recorded = df[col] if col in df.columns else pd.Series(None, index=df.index, dtype=object)
+    values = recorded.where(recorded.notna(), legacy)
+    return values.map(lambda v: v is True or (isinstance(v, (bool, int)) and bool(v)) or str(v).lower() == "true")
+
+
 class Skip(Exception):
     """A figure whose data is absent; the message goes into the HTML in its place."""
 
