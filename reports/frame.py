@@ -59,9 +59,10 @@ def prepare(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _variant(row: dict) -> str:
-    """System label; ulacache adds its CPU-storage setting (policy is shown in its own figure)."""
+    """System label; a system that `cpu_storage` applies to (scope_of: ulacache) adds its setting (policy is shown
+    in its own figure)."""
     system = str(row.get("system"))
-    if system != "ulacache":
+    if scope_of("cpu_storage") != system:
         return system
     cpu = row.get("cpu_storage")
     if cpu is None or (isinstance(cpu, float) and pd.isna(cpu)):

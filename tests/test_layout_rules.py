@@ -4,7 +4,10 @@
 - the import graph of our packages has no cycle, counting imports inside functions too (a lazy import is still a
   dependency: the footprint <-> policy cycle was one);
 - `ulacache` (the library) imports none of our other packages; the simulator core (sim/) never imports its studies
-  (sim/studies/); only the command front-ends (ulacache_cli/) import ulacache_cli, besides `python -m hw`'s entry.
+  (sim/studies/); only the command front-ends (ulacache_cli/) import ulacache_cli, besides `python -m hw`'s entry;
+- no `==` / `!=` comparison with a system or policy name outside the classes that own that knowledge (sim/systems.py,
+  ulacache/policies/): elsewhere the registries' classes are asked (footprint asks the policy, reports read the
+  facts metrics.json records).
 """
 from __future__ import annotations
 
@@ -19,6 +22,17 @@ LONG_FUNCTIONS_PENDING: set[str] = set()
 # Modules outside ulacache_cli that may import it: entry points only
 CLI_ENTRY_POINTS = {"hw.__main__"}  # `python -m hw` on device hosts reads ulacache_cli/hw.py's parsers
 SKIP_DIRS = {"tests", "build", "dist", "out", "node_modules", "__pycache__"}
+SYSTEM_NAMES = ("sglang", "hisparse", "ulacache")
+POLICY_NAMES = ("pb-lru", "lru", "hisparse")
+NAME_OWNERS = ("sim/systems.py", "ulacache/policies/")  # where a name may be compared with
+# (file, name) comparisons left where they are, each with its reason (the allow-list only shrinks):
+NAME_BRANCHES_ALLOWED: dict[tuple[str, str], str] = {
+    ("traces/atomic.py", "ulacache"): "the manifest's tool name (the command), not the system",
+    ("ulacache/backends/cupy_pipeline.py", "pb-lru"): "DevicePbLru mirrors one policy's state on the GPU and refuses "
+                                                      "the others (GPU-only code, left as it is tested there)",
+    ("reports/figures.py", "pb-lru"): "the miss-ratio figure draws pb-lru's curve first (legend order of the two "
+                                      "policies the figure compares; results carry no order)",
+}
 
 
 def _source_files(root: Path):
@@ -136,6 +150,21 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def name_branches(root: Path, names=SYSTEM_NAMES + POLICY_NAMES, owners=NAME_OWNERS) -> list[tuple[str, int, str]]:
+    """(file, line, name) of every `==` / `!=` comparison with one of `names` (a string literal) outside `owners`."""
+    out = []
+    for rel in _source_files(root):
+        path = rel.as_posix()
+        if any(path == o or (o.endswith("/") and path.startswith(o)) for o in owners):
+            continue
+        for node in ast.walk(ast.parse((root / rel).read_text(), filename=path)):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                for side in [node.left, *node.comparators]:
+                    if isinstance(side, ast.Constant) and side.value in names:
+                        out.append((path, node.lineno, side.value))
+    return out
+
+
 def _package(module: str) -> str:
     return module.split(".")[0]
 
@@ -170,6 +199,14 @@ def test_imports_flow_one_way():
     assert not {m: d for m, d in cli.items() if d}, "only the front-ends (and entry points) import ulacache_cli"
 
 
+def test_no_system_or_policy_name_branch_outside_their_classes():
+    found = [f for f in name_branches(ROOT) if (f[0], f[2]) not in NAME_BRANCHES_ALLOWED]
+    assert not found, ("system/policy name compared outside sim/systems.py and ulacache/policies/ (ask the System or "
+                       f"policy class through its registry instead): {found}")
+    left = {(f[0], f[2]) for f in name_branches(ROOT)}
+    assert set(NAME_BRANCHES_ALLOWED) <= left, f"no longer needed: {sorted(set(NAME_BRANCHES_ALLOWED) - left)}"
+
+
 def test_the_checks_see_what_they_look_for(tmp_path):
     """The checkers on a small tree: a lazy cycle, a relative import, a long function, a TYPE_CHECKING import."""
     pkg = tmp_path / "pa"
@@ -183,3 +220,7 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert cycles(graph) == [["pa.a", "pa.b"]]
     assert long_functions(tmp_path) == [("pa/a.py", "f", 61)]
     assert cycles({"x": {"y"}, "y": set()}) == []
+    (pkg / "d.py").write_text('def h(c, s):\n    return c.policy == "lru" or "sglang" != s or s in ("x",)\n')
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "e.py").write_text('X = 1 if "lru" == "lru" else 2\n')
+    assert name_branches(tmp_path, owners=("own/",)) == [("pa/d.py", 2, "lru"), ("pa/d.py", 2, "sglang")]
