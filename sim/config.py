@@ -54,7 +54,8 @@ SCHEMA: dict[str, Any] = {
     "hisparse": {
         "device_buffer_slots": (4096, "int"),
         "page_slots": (64, "int"),
-        "host_to_device_ratio": (8.0, "float"),
+        # SGLang's integer host pool / device pool ratio; None = chosen per concurrency cap (sim/systems.py HiSparse)
+        "host_to_device_ratio": (None, "opt_int"),
         "max_running_requests": (0, "int"),  # 0 = no cap beyond workload.max_concurrency
     },
     "ulacache": {
@@ -105,7 +106,9 @@ def _section_class(name: str) -> type:
     """The frozen dataclass of one SCHEMA section (fields, types and defaults from SCHEMA: one source of truth)."""
     rules = SCHEMA[name]
     fields = [(key, _TYPES[rule[1]], dataclasses.field(default=rule[0])) for key, rule in rules.items()]
-    title = "UlaCache" if name == "ulacache" else "HiSparse" if name == "hisparse" else name.capitalize()
+    from sim.systems import SYSTEMS as SYSTEM_CLASSES  # a system's section takes its title (System.title)
+
+    title = getattr(SYSTEM_CLASSES.get(name), "title", "") or name.capitalize()
     return dataclasses.make_dataclass(f"{title}Config", fields, bases=(_Section,), frozen=True, eq=False,
                                       namespace={"__doc__": f"The resolved `{name}:` section of a replay config.",
                                                  "__module__": __name__})
@@ -436,7 +439,7 @@ def build(tree: dict) -> SimConfig:
         raise ValueError(f"config key fidelity.policy_groups must be in [0, {model_spec.num_index_groups}]")
     if tree["hisparse"]["device_buffer_slots"] < model_spec.top_k:
         raise ValueError("config key hisparse.device_buffer_slots must be >= model.top_k")
-    if tree["hisparse"]["host_to_device_ratio"] < 1:
+    if tree["hisparse"]["host_to_device_ratio"] is not None and tree["hisparse"]["host_to_device_ratio"] < 1:
         raise ValueError("config key hisparse.host_to_device_ratio must be >= 1")
     mem = tree["memory"]
     if not 0 < mem["host_kv_fraction"] <= 1:
