@@ -20,8 +20,13 @@ INTRO = """# Command line
 
 - bad input (a corrupt trace, an unknown or duplicate config key, a wrong type, a non-finite budget...) gets one line
   `ulacache: error: ...` and exit status 2, never a traceback;
-- no command replaces earlier results without `--force`; outputs are written under a temporary name and renamed into
-  place, so a failed or refused command leaves what was on disk byte-identical;
+- no command replaces earlier results without `--force`, and `--force` replaces only an output the same command
+  wrote (its `.ulacache-manifest.json`, written last and checked first); a folder or file it did not write, a
+  symbolic link or a device is refused;
+- outputs are staged under a temporary name, fsynced and renamed into place, so a failed or refused command leaves
+  what was on disk byte-identical; one sweep at a time writes a folder (a lock);
+- input files are size-checked before parsing (YAML 16 MiB, request lists 64 MiB and 2M lines, measurement JSON
+  256 MiB);
 - a command whose optional dependencies are missing names the extra to install (`pip install 'ulacache[sim]'`);
 - config keys (`--set dotted.key=value`, `--grid key=v1,v2`) are listed in [config.md](config.md).
 
