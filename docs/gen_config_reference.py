@@ -159,7 +159,7 @@ def field_rows(cls: type, prefix: str, section: str | None = None, defaults: dic
         meaning = str(meta.get("help") or meta.get("doc") or meta.get("description") or comments.get(f.name, ""))
         choices = _choices(cls, section, f)
         if choices:
-            meaning = f"one of {', '.join(f'`{c}`' for c in choices)}. {meaning}".strip()
+            meaning = f"one of {', '.join(f'`{c}`' for c in choices)}: {meaning}".strip(": ")
         default = (defaults or {}).get(f.name, _default(f))
         shown = "(per preset)" if default is dataclasses.MISSING else _cell(default)
         rows.append(f"| `{prefix}{f.name}` | {shown} | {unit_of(f.name, meta)} | {meaning.replace('|', '/')} |")
@@ -190,7 +190,7 @@ def _top_level(sim_config) -> tuple[list[str], list[tuple[str, type]]]:
             meaning = f.metadata.get("help") or TOP_LEVEL_HELP.get(f.name, "")
             choices = _choices(sim_config.SimConfig, None, f)
             if choices:
-                meaning = f"one of {', '.join(f'`{c}`' for c in choices)}. {meaning}"
+                meaning = f"one of {', '.join(f'`{c}`' for c in choices)}: {meaning}".strip(": ")
             rows.append(f"| `{f.name}` | {_cell(tree[f.name])} | {unit_of(f.name, f.metadata)} | {meaning} |")
     for name, cls in getattr(sim_config, "SECTIONS", {}).items():  # sections registered beside SimConfig's own
         if name not in dict(sections):
@@ -242,7 +242,7 @@ def render() -> str:
             out += ["## `model.*`\n", "`model.preset` picks a column; any field can be overridden.\n",
                     *preset_rows(cls, MODEL_PRESETS, "model."), ""]
         else:
-            doc = (inspect.getdoc(cls) or "").splitlines()[0] if cls.__doc__ else ""
+            doc = inspect.getdoc(cls) if cls.__doc__ else ""  # the section class's docstring, whole
             out += [f"## `{name}.*`\n", doc + "\n" if doc else "", TABLE, *field_rows(cls, f"{name}.", name), ""]
     costs_file = ROOT / "sim" / "costs.yaml"
     if costs_file.exists():

@@ -1,7 +1,10 @@
 """Replay configs: YAML (+ `--set dotted.key=value` overrides) -> a resolved dict -> a frozen `SimConfig`.
 
-Every key has a default (so a config of only the pinned keys (docs/architecture.md) runs); unknown keys and wrong types are rejected
-with a one-line `ValueError` naming the key. `hardware.*` / `model.*` take a `preset` plus any preset field.
+Every key is a field of a frozen dataclass with its default, help, unit and choices: the top-level keys of
+`SimConfig` below, the shared sections in sim/sections.py, each system's own section beside its System in
+sim/systems.py. The loader reads its keys, kinds (from the annotations), defaults and choices from those fields, so a
+config of only the pinned keys (docs/architecture.md) runs; unknown keys and wrong types are rejected with a one-line
+`ValueError` naming the key. `hardware.*` / `model.*` take a `preset` plus any preset field.
 """
 from __future__ import annotations
 
@@ -14,75 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec, build_hardware, build_model
+from sim.sections import (
+    SECTIONS,
+    FidelityConfig,
+    MemoryConfig,
+    OutputConfig,
+    Section,
+    SpecConfig,
+    WorkloadConfig,
+    kinds,
+)
+from sim.sections import key as setting
+from sim.systems import SYSTEMS as SYSTEM_CLASSES  # the `system:` choices; registers the systems' sections
 from traces.errors import TraceError
 from traces.strict_yaml import load_yaml, read_yaml_file
 
-SYSTEMS = ("sglang", "hisparse", "ulacache")
 ATTENTION = ("dp", "tp")
 POLICIES = ("pb-lru", "lru")
-
-# section -> key -> (default, kind[, choices]); kind: int float bool str opt_int opt_float opt_str list_float
-SCHEMA: dict[str, Any] = {
-    "system": ("ulacache", "str", SYSTEMS),
-    "attention": ("tp", "str", ATTENTION),
-    "policy": ("pb-lru", "str", POLICIES),
-    "cpu_storage": (True, "bool"),
-    "spec": {
-        "draft_tokens": (0, "int"),  # verify tokens per request per step (0 = speculative decoding off)
-        "accept_mean": (None, "opt_float"),  # mean accepted per verify step; None = 1 + 2/3 (q - 1) (3.0 at q = 4)
-        "accept_probs": (None, "list_float"),  # explicit P(accept = 1..draft_tokens); overrides accept_mean
-    },
-    "workload": {
-        "profile": ("multi-lexsum", "str"),
-        # None = 2 x max_concurrency (`default_num_requests`): the first wave fills the cap, the second refills each
-        # slot once as it frees, so the running concurrency is held at the cap through a steady window
-        "num_requests": (None, "opt_int"),
-        "max_concurrency": (256, "int"),
-        "seed": (0, "int"),
-        "trace": (None, "opt_str"),  # trace dir (requests.parquet + trace.yaml); None = generate from profile
-        "max_steps": (0, "int"),  # stop after this many decode steps (0 = run to completion)
-        # prompts: untimed (KV arrives with the request, PD decode node) | chunked (co-located, sim/prefill.py)
-        "prefill": ("untimed", "str", ("untimed", "chunked")),
-        "prefill_chunk_tokens": (None, "opt_int"),  # per step, all ranks; None = SGLang's default by GPU memory
-    },
-    "memory": {
-        "gpu_kv_bytes_per_gpu": (None, "opt_float"),  # None = HBM - weights - gpu_reserve_bytes
-        "cpu_kv_bytes_per_gpu": (None, "opt_float"),  # None = host memory x host_kv_fraction / num_gpus
-        "gpu_reserve_bytes": (8e9, "float"),  # activations, CUDA graphs, workspace
-        "host_kv_fraction": (0.75, "float"),
-    },
-    "hisparse": {
-        "device_buffer_slots": (4096, "int"),
-        "page_slots": (64, "int"),
-        # SGLang's integer host pool / device pool ratio; None = chosen per concurrency cap (sim/systems.py HiSparse)
-        "host_to_device_ratio": (None, "opt_int"),
-        "max_running_requests": (0, "int"),  # 0 = no cap beyond workload.max_concurrency
-    },
-    "ulacache": {
-        "num_recent_buckets": (32, "int"),  # the library default (volume-aged: 0.02 points from lru on the paired replay, bench/results/pblru_gap.json)
-        # How each GPU's KV budget splits between the TP local buffer, the GPU pool and the CPU pool's index keys
-        # (sim/systems.py UlaCacheSystem, sim/COSTS.md "UlaCache sizing"). None = the default rule: the buffer holds
-        # one step's remote working set at the largest concurrency served without splitting an access batch (capped
-        # by workload.max_concurrency); the GPU pool takes the GPU first, the CPU pool (bounded by the CPU budget and
-        # the GPU room for its index keys) what the cap needs beyond it. Admission is bounded by unique GPU + CPU
-        # slots only; a working set that overflows is served in sub-batches (extra passes).
-        "local_buffer_fraction": (None, "opt_float"),  # TP: share of the GPU KV budget for the local buffer
-        "local_buffer_slots": (None, "opt_int"),  # TP, per rank; overrides local_buffer_fraction
-        "gpu_pool_slots": (None, "opt_int"),  # per rank; the CPU pool gets the index-key room left (<= CPU budget)
-    },
-    "fidelity": {
-        "policy_groups": (2, "int"),  # indexer groups simulated by the policy (0 = all); others copy the nearest
-        # share of requests whose selections run through the policy; None = auto: 1/k with k = num_requests // 16
-        # clamped to [1, 16] (~16+ simulated requests; the paper configs' 1/16 at 256 requests), so a config of only
-        # the pinned keys (docs/architecture.md) stays within minutes and a few GB. Set 1.0 for a full run.
-        "request_fraction": (None, "opt_float"),
-        "step_stride": (1, "int"),  # run the policy every Nth step; steps between reuse the last ratios
-        "pilot_steps": (8, "int"),  # policy steps on all groups before stratifying (0 = stratify up front)
-    },
-    "output": {
-        "trace_event_steps": (20, "int"),  # decode steps recorded in --trace-events (keeps files small)
-    },
-}
 FREE_SECTIONS = ("hardware", "model", "costs")  # validated by the presets / the cost model
 # Limits a serving engineer would expect (beyond them a value is a typo, not a workload); each error says why.
 MAX_INT = 2**63 - 1  # int64: what the arrays and parquet files hold
@@ -91,57 +42,36 @@ MAX_REQUESTS = 1_000_000  # a replay simulates every request; a million is days 
 MAX_DRAFT_TOKENS = 16  # SGLang's EAGLE/MTP recipes for these models use 4 (3 steps); chains past 16 are not modelled
 
 
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "opt_int": int | None, "opt_float": float | None,
-          "opt_str": str | None, "list_float": tuple[float, ...] | None}
-
-
-class _Section:
-    """Base of the typed sections: read as `cfg.workload.seed` (attributes only; `as_dict()` for a plain copy)."""
-
-    def as_dict(self) -> dict:
-        return {key: getattr(self, key) for key in self.__dataclass_fields__}
-
-
-def _section_class(name: str) -> type:
-    """The frozen dataclass of one SCHEMA section (fields, types and defaults from SCHEMA: one source of truth)."""
-    rules = SCHEMA[name]
-    fields = [(key, _TYPES[rule[1]], dataclasses.field(default=rule[0])) for key, rule in rules.items()]
-    from sim.systems import SYSTEMS as SYSTEM_CLASSES  # a system's section takes its title (System.title)
-
-    title = getattr(SYSTEM_CLASSES.get(name), "title", "") or name.capitalize()
-    return dataclasses.make_dataclass(f"{title}Config", fields, bases=(_Section,), frozen=True, eq=False,
-                                      namespace={"__doc__": f"The resolved `{name}:` section of a replay config.",
-                                                 "__module__": __name__})
-
-
-SpecConfig = _section_class("spec")
-WorkloadConfig = _section_class("workload")
-MemoryConfig = _section_class("memory")
-HisparseConfig = _section_class("hisparse")
-UlaCacheConfig = _section_class("ulacache")
-FidelityConfig = _section_class("fidelity")
-OutputConfig = _section_class("output")
-SECTIONS = {"spec": SpecConfig, "workload": WorkloadConfig, "memory": MemoryConfig, "hisparse": HisparseConfig,
-            "ulacache": UlaCacheConfig, "fidelity": FidelityConfig, "output": OutputConfig}
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SimConfig:
-    system: str
-    attention: str
-    policy: str
-    cpu_storage: bool
-    hardware: HardwareSpec
-    model: ModelSpec
+    """A resolved replay config. Its plain keys are the top-level ones; `spec` .. `output` are the sections every
+    run reads (sim/sections.py); each system's own section (declared beside its System in sim/systems.py) is in
+    `system_sections` and read as `cfg.<system name>`."""
+
+    system: str = setting("ulacache", "which serving system the replay simulates", choices=tuple(SYSTEM_CLASSES))
+    attention: str = setting("tp", "attention parallelism across the node's GPUs (data-parallel or "
+                                   "tensor-parallel)", choices=ATTENTION)
+    policy: str = setting("pb-lru", "UlaCache's GPU-pool replacement policy (PB-LRU, or exact timestamp LRU as the "
+                                    "ablation)", choices=POLICIES)
+    cpu_storage: bool = setting(True, "UlaCache: back the GPU pool with an exclusive CPU pool (capacity = GPU + "
+                                      "CPU slots)")
+    hardware: HardwareSpec  # free section: a preset plus any of its fields (sim/presets.py)
+    model: ModelSpec  # free section: a preset plus any of its fields
     spec: SpecConfig
     workload: WorkloadConfig
     memory: MemoryConfig
-    hisparse: HisparseConfig
-    ulacache: UlaCacheConfig
+    system_sections: dict[str, Section]  # name -> a system's own section (registered by sim/systems.py)
     fidelity: FidelityConfig
     output: OutputConfig
     costs: dict  # free section: validated by the cost model (sim.costs), keys are its cost keys
     raw: dict  # the resolved dict (written as config.yaml)
+
+    def __getattr__(self, name: str):
+        """A system's own section by its name (`cfg.<system name>`)."""
+        sections = self.__dict__.get("system_sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def num_gpus(self) -> int:
@@ -152,13 +82,39 @@ class SimConfig:
         return max(1, self.spec.draft_tokens)
 
 
-def default_tree() -> dict:
-    def walk(node):
-        if isinstance(node, tuple):
-            return copy.deepcopy(node[0])
-        return {k: walk(v) for k, v in node.items()}
+def _rules(cls: type) -> dict[str, tuple[str, tuple]]:
+    """key -> (kind, choices) of a config dataclass's plain keys, from its annotations and field metadata."""
+    found = kinds(cls)
+    return {f.name: (found[f.name], tuple(f.metadata.get("choices", ())))
+            for f in dataclasses.fields(cls) if f.name in found}
 
-    tree = walk(SCHEMA)
+
+def section_names() -> list[str]:
+    """Every section in SimConfig's order, the systems' own where SimConfig holds `system_sections`."""
+    own = {f.name for f in dataclasses.fields(SimConfig)}
+    out = []
+    for f in dataclasses.fields(SimConfig):
+        if f.name == "system_sections":
+            out += [name for name in SECTIONS if name not in own]
+        elif f.name in SECTIONS:
+            out.append(f.name)
+    return out
+
+
+def schema() -> dict:
+    """The loader's view of the config classes: top-level key -> (kind, choices); section -> {key: (kind, choices)}."""
+    out: dict[str, Any] = dict(_rules(SimConfig))
+    for name in section_names():
+        out[name] = _rules(SECTIONS[name])
+    return out
+
+
+def default_tree() -> dict:
+    """Every key at its default (the fields' defaults), in the order config.yaml is written."""
+    tree: dict[str, Any] = {f.name: copy.deepcopy(f.default) for f in dataclasses.fields(SimConfig)
+                            if f.name in kinds(SimConfig)}
+    for name in section_names():
+        tree[name] = SECTIONS[name]().as_dict()
     tree["hardware"] = {"preset": "h200", "num_gpus": 8}
     tree["model"] = {"preset": "glm-5.2"}
     tree["costs"] = {}
@@ -181,8 +137,9 @@ def _finite(value) -> bool:
         return False
 
 
-def _check(key: str, value, rule):
-    kind = rule[1]
+def _check(key: str, value, rule: tuple[str, tuple]):
+    """One key's value, typed by its kind and checked against its choices (one-line errors naming the key)."""
+    kind, choices = rule
     if kind.startswith("opt_"):
         if value is None:
             return None
@@ -221,8 +178,8 @@ def _check(key: str, value, rule):
                 isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v) for v in value):
             raise ValueError(f"config key {key} must be a list of finite numbers, got {str(value)[:80]}")
         value = [float(v) for v in value]
-    if len(rule) > 2 and value not in rule[2]:
-        raise ValueError(f"config key {key} must be one of {list(rule[2])}, got {value!r}")
+    if choices and value not in choices:
+        raise ValueError(f"config key {key} must be one of {list(choices)}, got {value!r}")
     return value
 
 
@@ -252,7 +209,7 @@ def _merge(tree: dict, user: dict, schema, prefix: str = ""):
 
 # One `--set` grammar for replay, sweep (`--set` and each `--grid` value) and plan: a dotted key of identifiers,
 # `=`, and a non-empty value read by the strict YAML reader (duplicate keys and alias bombs refused); text that is not
-# valid YAML stays a string. Typing and range checks are the schema's (`_merge`), the same for every command.
+# valid YAML stays a string. Typing and range checks are the config classes' (`_merge`), the same for every command.
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -328,11 +285,11 @@ def _nest(parts: list[str], value) -> dict:
 
 def resolve(user: dict | None, overrides: list[str] | None = None) -> dict:
     """Defaults + user dict + overrides, type-checked, as a plain nested dict (presets validated too)."""
-    tree = default_tree()
-    _merge(tree, user or {}, SCHEMA)
+    tree, rules = default_tree(), schema()
+    _merge(tree, user or {}, rules)
     for item in overrides or []:
         parts, value = parse_override(item)
-        _merge(tree, _nest(parts, value), SCHEMA)
+        _merge(tree, _nest(parts, value), rules)
     build(tree)  # validates presets, cross-field rules
     return tree
 
@@ -416,8 +373,7 @@ def build(tree: dict) -> SimConfig:
     if wl["num_requests"] is None:
         wl = {**wl, "num_requests": default_num_requests(wl["max_concurrency"])}
     positive = [("workload.num_requests", wl["num_requests"]), ("workload.max_concurrency", wl["max_concurrency"]),
-                ("fidelity.step_stride", fid["step_stride"]), ("hisparse.device_buffer_slots",
-                                                               tree["hisparse"]["device_buffer_slots"])]
+                ("fidelity.step_stride", fid["step_stride"])]
     for name, value in positive:
         if value < 1:
             raise ValueError(f"config key {name} must be >= 1, got {value}")
@@ -437,19 +393,19 @@ def build(tree: dict) -> SimConfig:
         raise ValueError("config key fidelity.request_fraction must be in (0, 1]")
     if fid["policy_groups"] < 0 or fid["policy_groups"] > model_spec.num_index_groups:
         raise ValueError(f"config key fidelity.policy_groups must be in [0, {model_spec.num_index_groups}]")
-    if tree["hisparse"]["device_buffer_slots"] < model_spec.top_k:
-        raise ValueError("config key hisparse.device_buffer_slots must be >= model.top_k")
-    if tree["hisparse"]["host_to_device_ratio"] is not None and tree["hisparse"]["host_to_device_ratio"] < 1:
-        raise ValueError("config key hisparse.host_to_device_ratio must be >= 1")
     mem = tree["memory"]
     if not 0 < mem["host_kv_fraction"] <= 1:
         raise ValueError("config key memory.host_kv_fraction must be in (0, 1]")
     resolved = {**tree, "fidelity": fid, "workload": wl}  # request_fraction, num_requests filled in
-    sections = {name: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[name].items()})
-                for name, cls in SECTIONS.items()}  # lists (accept_probs) as tuples: a frozen section stays frozen
+    sections = {name: SECTIONS[name](**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[name].items()})
+                for name in section_names()}  # lists (accept_probs) as tuples: a frozen section stays frozen
+    for section in sections.values():
+        section.check(model_spec)
+    own = {f.name for f in dataclasses.fields(SimConfig)}
     return SimConfig(
-        system=tree["system"], attention=tree["attention"], policy=tree["policy"], cpu_storage=tree["cpu_storage"],
-        hardware=hardware, model=model_spec, costs=dict(tree["costs"]), raw=copy.deepcopy(tree), **sections)
+        **{name: tree[name] for name in kinds(SimConfig)}, hardware=hardware, model=model_spec,
+        costs=dict(tree["costs"]), raw=copy.deepcopy(tree), **{k: v for k, v in sections.items() if k in own},
+        system_sections={k: v for k, v in sections.items() if k not in own})
 
 
 def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
@@ -489,25 +445,14 @@ def _check_limits(tree: dict, hardware: HardwareSpec, model: ModelSpec) -> None:
         raise ValueError("config key memory.gpu_kv_bytes_per_gpu must be > 0 bytes (the GPU holds the KV of every "
                          f"running request; null for HBM - weights - reserve), got {mem['gpu_kv_bytes_per_gpu']}")
     non_negative = [("workload.max_steps", wl["max_steps"]), ("fidelity.pilot_steps", tree["fidelity"]["pilot_steps"]),
-                    ("hisparse.max_running_requests", tree["hisparse"]["max_running_requests"]),
                     ("output.trace_event_steps", tree["output"]["trace_event_steps"])]
     for name, value in non_negative:
         if value < 0:
             raise ValueError(f"config key {name} must be >= 0, got {value}")
-    for name in ("gpu_pool_slots", "local_buffer_slots"):
-        value = tree["ulacache"][name]
-        if value is not None and value < 0:
-            raise ValueError(f"config key ulacache.{name} must be >= 0, got {value}")
     chunk = wl["prefill_chunk_tokens"]
     if chunk is not None and (chunk < 1 or (tree["attention"] == "dp" and chunk < hardware.num_gpus)):
         raise ValueError(f"config key workload.prefill_chunk_tokens must be >= 1 (>= hardware.num_gpus under dp "
                          f"attention: SGLang divides it over the DP ranks), got {chunk}")
-    frac = tree["ulacache"]["local_buffer_fraction"]
-    if frac is not None and not 0 <= frac < 1:
-        raise ValueError(f"config key ulacache.local_buffer_fraction must be in [0, 1) (a share of the GPU KV "
-                         f"budget; the rest holds the GPU pool and index keys), got {frac}")
-    if tree["hisparse"]["page_slots"] < 1:
-        raise ValueError(f"config key hisparse.page_slots must be >= 1, got {tree['hisparse']['page_slots']}")
 
 
 def as_plain(cfg: SimConfig) -> dict:

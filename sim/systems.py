@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.sections import Section, key, register_section
 from traces.errors import TraceError
 
-if TYPE_CHECKING:  # annotations only: sim.config reads the section titles from SYSTEMS at import
+if TYPE_CHECKING:  # annotations only: sim.config imports this module (the system choices and sections)
     from sim.config import SimConfig
 
 INF = float("inf")
@@ -144,6 +145,7 @@ class System:
     configurable_policy = False  # runs the replacement policy the `policy:` key names (else its own, `name`)
     speedup_baseline = False  # the system throughput speedups are quoted against (the offloading baseline)
     local_buffer_key: str | None = None  # config key of its TP local buffer's share of the GPU KV budget (plan search)
+    config_section: type[Section] | None = None  # its own `name:` config section (registered under its name)
     cost_keys: frozenset[str] = frozenset()  # cost-model keys only this system's mechanisms read
     prefetch = False  # one plan per indexer group, the group's other layers' data moved ahead on a copy stream
     partitioned_homes = False  # under TP each entry is stored once (on its home rank), not replicated per rank
@@ -298,6 +300,34 @@ class SGLang(System):
                         notes={"gpu_tokens_per_rank": logical})
 
 
+@dataclass(frozen=True)
+class HiSparseConfig(Section):
+    """The `hisparse:` section: SGLang HiSparse's buffers and pool ratio (sim/COSTS.md "HiSparse sizing")."""
+
+    device_buffer_slots: int = key(4096, "device buffer of selected entries per running request (>= model.top_k)",
+                                   "token slots")
+    page_slots: int = key(64, "page size: each running request also holds one page for its newest tokens (and, "
+                              "speculating, the MTP staging ring in pages)", "token slots")
+    host_to_device_ratio: int | None = key(None, "SGLang's integer host pool / device pool ratio; none = chosen per "
+                                                 "concurrency cap (the smallest whose pools hold what the cap can use)",
+                                           "ratio")
+    max_running_requests: int = key(0, "running requests per admission space (0 = no cap beyond "
+                                       "workload.max_concurrency)", "count")
+
+    def check(self, model) -> None:
+        """Buffers of at least one selection, a ratio of at least 1, no negative cap (one-line errors)."""
+        if self.device_buffer_slots < 1:
+            raise ValueError(f"config key hisparse.device_buffer_slots must be >= 1, got {self.device_buffer_slots}")
+        if self.device_buffer_slots < model.top_k:
+            raise ValueError("config key hisparse.device_buffer_slots must be >= model.top_k")
+        if self.host_to_device_ratio is not None and self.host_to_device_ratio < 1:
+            raise ValueError("config key hisparse.host_to_device_ratio must be >= 1")
+        if self.max_running_requests < 0:
+            raise ValueError(f"config key hisparse.max_running_requests must be >= 0, got {self.max_running_requests}")
+        if self.page_slots < 1:
+            raise ValueError(f"config key hisparse.page_slots must be >= 1, got {self.page_slots}")
+
+
 class HiSparse(System):
     """SGLang HiSparse: full history in pinned host memory, a device buffer per running request, the index keys of
     the whole logical pool on the GPU; replicated per rank under TP attention.
@@ -312,6 +342,7 @@ class HiSparse(System):
 
     name = "hisparse"
     title = "HiSparse"
+    config_section = HiSparseConfig
     uses_policy = True
     speedup_baseline = True
     h2d_pays_latency = False  # the swap-in kernel reads pinned host memory itself: its fixed time is its management
@@ -448,6 +479,37 @@ class HiSparse(System):
                            seed=cfg.workload.seed)
 
 
+@dataclass(frozen=True)
+class UlaCacheConfig(Section):
+    """The `ulacache:` section: PB-LRU's recency buckets and how each GPU's KV budget splits between the TP local
+    buffer, the GPU pool and the CPU pool's index keys (sim/COSTS.md "UlaCache sizing").
+
+    All split keys none = the default rule: the buffer holds one step's remote working set at the largest concurrency
+    served without splitting an access batch (capped by workload.max_concurrency); the GPU pool takes the GPU first,
+    the CPU pool what the cap needs beyond it. Admission is bounded by unique GPU + CPU slots only; an overflowing
+    working set is served in sub-batches (extra passes)."""
+
+    num_recent_buckets: int = key(32, "PB-LRU's recency buckets (the library default; volume-aged: 0.02 points from "
+                                      "lru on the paired replay, bench/results/pblru_gap.json)", "count")
+    local_buffer_fraction: float | None = key(None, "TP: share of the GPU KV budget for the local buffer",
+                                              "fraction")
+    local_buffer_slots: int | None = key(None, "TP local buffer per rank; overrides local_buffer_fraction",
+                                         "token slots")
+    gpu_pool_slots: int | None = key(None, "GPU pool per rank; the CPU pool gets the index-key room left (<= the CPU "
+                                           "budget)", "token slots")
+
+    def check(self, model) -> None:
+        """No negative pool; the buffer's share leaves room for the GPU pool (one-line errors)."""
+        for name in ("gpu_pool_slots", "local_buffer_slots"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"config key ulacache.{name} must be >= 0, got {value}")
+        frac = self.local_buffer_fraction
+        if frac is not None and not 0 <= frac < 1:
+            raise ValueError(f"config key ulacache.local_buffer_fraction must be in [0, 1) (a share of the GPU KV "
+                             f"budget; the rest holds the GPU pool and index keys), got {frac}")
+
+
 class UlaCacheSystem(System):
     """UlaCache: one logical space per rank (DP) or per TP group; GPU pool shared by all requests over an
     exclusive CPU pool; TP keeps history once (on its home rank) plus per-rank local buffers of selected copies;
@@ -467,6 +529,7 @@ class UlaCacheSystem(System):
 
     name = "ulacache"
     title = "UlaCache"
+    config_section = UlaCacheConfig
     uses_policy = True
     configurable_policy = True
     local_buffer_key = "ulacache.local_buffer_fraction"
@@ -620,6 +683,9 @@ class UlaCacheSystem(System):
 
 
 SYSTEMS: dict[str, type[System]] = {"sglang": SGLang, "hisparse": HiSparse, "ulacache": UlaCacheSystem}
+for _system in SYSTEMS.values():  # each system's own config section, under its name
+    if _system.config_section is not None:
+        register_section(_system.name, _system.config_section)
 
 
 def system_for_workload(cfg: SimConfig, budget: Budget, requests, source) -> System:

@@ -1,20 +1,54 @@
-"""Typed config sections: one frozen dataclass per SCHEMA section, generated from SCHEMA (fields, defaults), read by
-attribute; item access stays for callers not yet migrated (see sim.config._Section)."""
+"""Typed config sections: one literal frozen dataclass per section, every key a field with its help and unit; each
+system's own section declared beside its System and registered under its name; the loader's keys, kinds, defaults
+and choices read from the fields (sim.config.schema / default_tree)."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from sim.config import SCHEMA, SECTIONS, build, resolve
+from sim.config import SECTIONS, SimConfig, build, default_tree, resolve, schema, section_names
+from sim.sections import Section, kind_of, register_section
+from sim.systems import SYSTEMS
 
 
-def test_one_frozen_dataclass_per_schema_section_with_its_defaults():
-    assert set(SECTIONS) == {k for k, v in SCHEMA.items() if isinstance(v, dict)}
-    for name, cls in SECTIONS.items():
-        fields = {f.name: f.default for f in dataclasses.fields(cls)}
-        assert fields == {k: rule[0] for k, rule in SCHEMA[name].items()}, name
-        assert cls.__name__.endswith("Config")
+def test_every_key_is_a_field_with_help_and_its_default_is_the_loaders():
+    tree = default_tree()
+    assert set(section_names()) == set(SECTIONS)
+    for name in section_names():
+        cls = SECTIONS[name]
+        assert cls.__name__.endswith("Config") and issubclass(cls, Section)
+        assert cls.__dataclass_params__.frozen
+        for f in dataclasses.fields(cls):
+            assert f.metadata["help"], f"{name}.{f.name} has no help"
+            assert tree[name][f.name] == f.default, f"{name}.{f.name}"
+        assert set(schema()[name]) == {f.name for f in dataclasses.fields(cls)}
+    for top in ("system", "attention", "policy", "cpu_storage"):
+        f = {f.name: f for f in dataclasses.fields(SimConfig)}[top]
+        assert f.metadata["help"] and tree[top] == f.default
+    assert schema()["system"] == ("str", tuple(SYSTEMS))  # the choices are the systems' registry
+
+
+def test_each_system_registers_its_own_section():
+    for name, system in SYSTEMS.items():
+        if system.config_section is not None:
+            assert SECTIONS[name] is system.config_section
+    assert {"hisparse", "ulacache"} <= set(SECTIONS)
+    assert "hisparse" not in {f.name for f in dataclasses.fields(SimConfig)}  # not listed by the config module
+    with pytest.raises(ValueError, match="registered twice"):
+        register_section("hisparse", SECTIONS["ulacache"])
+    with pytest.raises(TypeError, match="not a Section dataclass"):
+        register_section("bogus", dict)
+
+
+def test_kinds_come_from_the_annotations():
+    assert [kind_of(t) for t in (int, float, bool, str, int | None, float | None, str | None,
+                                 tuple[float, ...] | None)] == \
+        ["int", "float", "bool", "str", "opt_int", "opt_float", "opt_str", "list_float"]
+    with pytest.raises(TypeError):
+        kind_of(dict)
+    assert schema()["workload"]["prefill"] == ("str", ("untimed", "chunked"))
+    assert schema()["hisparse"]["host_to_device_ratio"] == ("opt_int", ())
 
 
 def test_sections_read_by_attribute_only_and_stay_frozen():
@@ -23,17 +57,31 @@ def test_sections_read_by_attribute_only_and_stay_frozen():
     for name in SECTIONS:
         section = getattr(cfg, name)
         assert isinstance(section, SECTIONS[name])
-        assert list(section.as_dict()) == list(SCHEMA[name])
+        assert list(section.as_dict()) == [f.name for f in dataclasses.fields(SECTIONS[name])]
         with pytest.raises(TypeError):  # no item access: one way to read a section
-            section[next(iter(SCHEMA[name]))]
+            section[next(iter(section.as_dict()))]
     assert cfg.workload.seed == 5 and cfg.spec.draft_tokens == 4
     assert cfg.spec.accept_probs == (0.1, 0.2, 0.3, 0.4)  # a list in YAML, immutable here
     assert cfg.fidelity.request_fraction == 0.5  # the auto value (1/k, k = 32 // 16) is resolved, not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.workload.seed = 6
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.hisparse.page_slots = 6
     with pytest.raises(AttributeError):
         cfg.workload.bogus
+    with pytest.raises(AttributeError):
+        cfg.bogus
     assert cfg.memory.as_dict() == cfg.raw["memory"] and cfg.memory.host_kv_fraction == 0.75
+    assert cfg.hisparse.as_dict() == cfg.raw["hisparse"]
+
+
+def test_config_pickles_and_copies():
+    import copy
+    import pickle
+
+    cfg = build(resolve({"workload": {"num_requests": 32}}))
+    for other in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert other.hisparse == cfg.hisparse and other.ulacache.num_recent_buckets == 32
 
 
 def test_num_requests_defaults_to_two_per_slot_of_the_cap():
