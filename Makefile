@@ -45,8 +45,8 @@ bench: $(STAMP)  ## run the CPU benchmarks (BENCH="policy ..." for some), JSON u
 	  *) echo "unknown benchmark $$b"; exit 2;; esac; \
 	  echo "== $$cmd"; $(BIN)/python $$cmd || exit 1; done
 
-bench-paper: $(STAMP)  ## the paper-config peaks (hours; a many-core host): bench/results/paper_configs_<label>.json
-	$(BIN)/python bench/paper_configs.py --label $(or $(LABEL),current) --model glm-5.2
+bench-paper: $(STAMP)  ## the paper-config peaks (108 replays, ~6 min on 2 cores): bench/results/paper_configs_<label>.json
+	$(BIN)/python bench/paper_configs.py --label $(or $(LABEL),current) --model glm-5.2 --b300-extra-caps 512
 
 docs: $(STAMP)  ## regenerate docs/cli.md, docs/config.md and docs/performance.md from the code and bench/results
 	$(BIN)/python docs/gen_cli_reference.py

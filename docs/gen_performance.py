@@ -215,7 +215,7 @@ def render() -> str:
         out += fn(data) if data else ["No result yet: run `make bench`."]
     paper = paper_configs()
     out += ["", "## Paper configurations: peak decode throughput", "",
-            "`bench/paper_configs.py` (`make bench-paper`, hours on a many-core host) → "
+            "`bench/paper_configs.py` (`make bench-paper`; 108 replays, about 6 minutes with 2 jobs on 2 cores for glm-5.2) → "
             f"`bench/results/{paper[0] if paper else 'paper_configs_<label>.json'}`", ""]
     out += paper[1] if paper else ["No result yet."]
     others = sorted(p.name for p in RESULTS.glob("*.json") if p.name not in {n for _, _, n, _ in SUITE}
