@@ -1,4 +1,4 @@
-// HiSparse swap-in, shaped like SGLang's per-layer kernel (DESIGN §1): one thread block per request.
+// HiSparse swap-in, shaped like SGLang's per-layer kernel (docs/architecture.md, HiSparse baseline): one thread block per request.
 // Per request b with history length L > H (device buffer of H LRU slots + one slot H for the newest token):
 //   1. hash the top-k token positions into a shared-memory table (the newest token L-1 is a hit on slot H);
 //   2. walk the request's LRU order (index 0 = least recent): a slot whose token is in the top-k is a hit,

@@ -105,7 +105,7 @@ def _tornado_section(d: Path, root: Path, out: Path, i: int) -> str:
     png = f"tornado_{i}.png"
     table = tornado.draw(d, out / png).reset_index(names="constant")
     rel = str(d.relative_to(root)) or "."
-    cap = (f"From {rel}/sensitivity.*: each assumed constant of sim/COSTS.md replayed at 0.5x and 1.5x; bars are "
+    cap = (f"From {rel}/sensitivity.*: each assumed constant of docs/cost-model.md replayed at 0.5x and 1.5x; bars are "
            "the % change of peak decode throughput, TPOT and admitted concurrency against the unperturbed replay.")
     return _section(Figure(f"tornado_{i}", f"Sensitivity to assumed constants ({rel})", png, cap, table))
 

@@ -5,7 +5,7 @@ whose hardware is the `h200` preset gets it as measured; `b300` (no B300 measure
 *derived*: every measured link ceiling is scaled by the datasheet ratio of that link (target / reference preset
 field), the management pipeline's per-reference costs by the HBM bandwidth ratio (the pipeline is bound by random
 HBM lookups: hw/NOTES.md), and everything else (row efficiencies, latencies, launch, constant terms) is carried over
-unchanged. `DERIVATIONS` lists each rule; sim/COSTS.md states them. A data file is read, nothing of `hw` imported.
+unchanged. `DERIVATIONS` lists each rule; docs/cost-model.md states them. A data file is read, nothing of `hw` imported.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ host<->GPU transfer of every GPU also crosses the host side, whose rate may be c
 shares the resources max-min fairly (progressive filling); `fluid_finish_s` is the same model without simpy (used
 by the fit and by `hw validate`). simpy is imported lazily so the pure functions load on hosts without it.
 
-Node topology (`Topology`, sim/COSTS.md "Node topology"): the host side is not one node-wide resource. GPU r sits
+Node topology (`Topology`, docs/cost-model.md "Node topology"): the host side is not one node-wide resource. GPU r sits
 behind a PCIe switch (`gpus_per_switch` GPUs share its uplink) on one CPU socket; the calibrated host caps above are
 per socket (the 2-GPU calibration host had both GPUs on one), and the preset's datasheet caps add each switch's
 uplink and each socket's root complex (per direction, in link occupancy) and DRAM (both directions, in line bytes);

@@ -1,6 +1,6 @@
 """Runs the library's real policy on the trace's selections, on a sample of indexer groups and requests.
 
-Fidelity knobs (config `fidelity.*`, see sim/COSTS.md "What is sampled"):
+Fidelity knobs (config `fidelity.*`, see docs/cost-model.md "What is sampled"):
 - `policy_groups`: the policy runs on that many indexer groups, a stratified sample. With `pilot_steps` > 0
   (default 8) every group is simulated for that many policy steps first; the groups' hit ratios measured over the
   pilot's warm second half are split into `policy_groups` bands (1-D clustering, layer-weighted), and the member

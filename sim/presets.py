@@ -1,6 +1,6 @@
 """Hardware and model presets (docs/architecture.md). Every field can be overridden from a config's `hardware.*` / `model.*`.
 
-Sources are given per field; `sim/COSTS.md` repeats them with the cost-model defaults.
+Sources are given per field; `docs/cost-model.md` repeats them with the cost-model defaults.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class HardwareSpec:
     pcie_latency_s: float  # per transfer (cudaMemcpyAsync-class call)
     host_memory_bytes: float  # per node
     kernel_launch_s: float
-    # Node topology (sim/hardware.py `Topology`, sim/COSTS.md "Node topology"): datasheet figures, raw per direction
+    # Node topology (sim/hardware.py `Topology`, docs/cost-model.md "Node topology"): datasheet figures, raw per direction
     # unless said; GPUs fill the switches, and the switches the sockets, in rank order.
     num_sockets: int = 2  # CPU sockets; a rank's pinned host KV lives on its own socket's memory by default
     gpus_per_switch: int = 1  # GPUs behind one PCIe switch (its uplink to the socket is shared by them)

@@ -112,7 +112,7 @@ class MemoryConfig(Section):
 
 @dataclass(frozen=True)
 class FidelityConfig(Section):
-    """How much of the policy work a replay simulates (sampling; sim/COSTS.md "What is sampled")."""
+    """How much of the policy work a replay simulates (sampling; docs/cost-model.md "What is sampled")."""
 
     policy_groups: int = key(2, "indexer groups simulated by the policy (0 = all); the others copy the nearest",
                              "count")

@@ -302,7 +302,7 @@ class SGLang(System):
 
 @dataclass(frozen=True)
 class HiSparseConfig(Section):
-    """The `hisparse:` section: SGLang HiSparse's buffers and pool ratio (sim/COSTS.md "HiSparse sizing")."""
+    """The `hisparse:` section: SGLang HiSparse's buffers and pool ratio (docs/cost-model.md "HiSparse sizing")."""
 
     device_buffer_slots: int = key(4096, "device buffer of selected entries per running request (>= model.top_k)",
                                    "token slots")
@@ -332,7 +332,7 @@ class HiSparse(System):
     """SGLang HiSparse: full history in pinned host memory, a device buffer per running request, the index keys of
     the whole logical pool on the GPU; replicated per rank under TP attention.
 
-    Sizing as SGLang sizes it (sim/COSTS.md "HiSparse sizing"): a device pool of S slots and an integer
+    Sizing as SGLang sizes it (docs/cost-model.md "HiSparse sizing"): a device pool of S slots and an integer
     `host_to_device_ratio` r give a logical (= host) pool of r S slots whose index keys stay on the GPU:
     S KV + r S index <= GPU budget, r S KV <= CPU budget (below the GPU's S, the device pool is made smaller, as a
     lower `--mem-fraction-static` would). Admission needs a logical slot per token and a device buffer per request.
@@ -432,7 +432,7 @@ class HiSparse(System):
         a request: under speculative decoding their union can exceed it, so the library takes them in chunks that fit.
         The chunks' misses add up to the unique misses of the union (a later chunk hits what an earlier one loaded),
         which SGLang's MTP kernel copies once; its replacement (a sampled CLOCK that protects the whole union) is not
-        the library's LRU (sim/COSTS.md "Cost ledger")."""
+        the library's LRU (docs/cost-model.md "Cost ledger")."""
         return min(self.q, max(1, self.capacity.device_buffer_slots // self.cfg.model.top_k))
 
     def buffer_copy_slots(self, hist, buffer_peak_rows: float) -> float:
@@ -482,7 +482,7 @@ class HiSparse(System):
 @dataclass(frozen=True)
 class UlaCacheConfig(Section):
     """The `ulacache:` section: PB-LRU's recency buckets and how each GPU's KV budget splits between the TP local
-    buffer, the GPU pool and the CPU pool's index keys (sim/COSTS.md "UlaCache sizing").
+    buffer, the GPU pool and the CPU pool's index keys (docs/cost-model.md "UlaCache sizing").
 
     All split keys none = the default rule: the buffer holds one step's remote working set at the largest concurrency
     served without splitting an access batch (capped by workload.max_concurrency); the GPU pool takes the GPU first,
@@ -515,7 +515,7 @@ class UlaCacheSystem(System):
     exclusive CPU pool; TP keeps history once (on its home rank) plus per-rank local buffers of selected copies;
     index keys partitioned by home rank.
 
-    Sizing (per rank; sim/COSTS.md "UlaCache sizing"): the GPU KV budget holds the local buffer (TP, `b` slots of
+    Sizing (per rank; docs/cost-model.md "UlaCache sizing"): the GPU KV budget holds the local buffer (TP, `b` slots of
     KV), the GPU pool (`g` slots of KV + their index keys) and the index keys of the CPU pool (`c` slots, whose KV is
     in host memory): (g + b) kv + (g + c) ix <= GPU budget, c kv <= CPU budget. Admission is bounded by the unique
     slots m (g + c) alone; nothing is reserved per request. An access batch whose distinct entries do not fit the GPU

@@ -1,4 +1,4 @@
-"""A simulated decode step equals the hand computation of sim/COSTS.md's "Cost ledger" (issue 26 item 2).
+"""A simulated decode step equals the hand computation of docs/cost-model.md's "Cost ledger" (issue 26 item 2).
 
 Each test runs a small replay (glm-5.2, 8 x H200, one request), takes steps from its timeline, and recomputes their
 time from the ledger's formulas with the run's cost values and the model preset's fields, written out here by hand
@@ -30,7 +30,7 @@ def _replay(tmp_path, system: str, draft: int, attention: str = "dp", costs: dic
 
 
 class Ledger:
-    """The ledger's formulas on raw cost values `v` (sim/COSTS.md "Cost ledger": one line per term)."""
+    """The ledger's formulas on raw cost values `v` (docs/cost-model.md "Cost ledger": one line per term)."""
 
     def __init__(self, v: dict):
         self.v = v

@@ -9,7 +9,7 @@ from pathlib import Path
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "sensitivity", help="perturb each assumed cost-model constant by +-50%%; how far throughput, TPOT, admission move",
-        description="Replays CONFIG once as is and twice per assumed constant of the fidelity ledger (sim/COSTS.md) "
+        description="Replays CONFIG once as is and twice per assumed constant of the fidelity ledger (docs/cost-model.md) "
         "at 0.5x and 1.5x its value, on a small workload unless --full (16 requests at concurrency 16, 32 steps). "
         "Writes DIR/sensitivity.csv, DIR/sensitivity.parquet and DIR/sensitivity.json; `reports/tornado.py` draws them.")
     p.add_argument("config", type=Path, help="replay config YAML")

@@ -1,6 +1,6 @@
 """`ulacache sensitivity`: how far the headline figures move when each ASSUMED constant is off by +-50%.
 
-Every constant the fidelity ledger (sim/COSTS.md) marks *assumed* -- no measurement, calibration or datasheet
+Every constant the fidelity ledger (docs/cost-model.md) marks *assumed* -- no measurement, calibration or datasheet
 behind it -- is listed in `ASSUMED` with the config key that sets it. Each is replayed at 0.5x and 1.5x its resolved
 value (clipped to the key's valid range; the value used is reported) with everything else fixed, and the change of
 peak decode throughput, TPOT and admitted concurrency against the unperturbed replay is tabulated. Constants that
@@ -13,7 +13,7 @@ comes from an admission probe (`ADMISSION_PROBE`: 1,024 requests offered at once
 and for the constants that change capacity (`capacity=True`); the others cannot move admission (the engine admits on
 capacity alone) and carry the base figure.
 
-Beside them, `TOPOLOGY`: each node-topology value (sim/COSTS.md "Node topology") replayed at the low and the high
+Beside them, `TOPOLOGY`: each node-topology value (docs/cost-model.md "Node topology") replayed at the low and the high
 end of its plausible range from its sources (`TOPOLOGY_BOUNDS`, per hardware preset), same metrics, as
 `topology_rows`. They act only on systems that move KV over PCIe (UlaCache, HiSparse).
 """
@@ -108,7 +108,7 @@ class TopologyRange:
     bounds: Callable
 
 
-# preset -> key -> (low, high): the ends of each value's plausible range in its sources (sim/presets.py, COSTS.md)
+# preset -> key -> (low, high): the ends of each value's plausible range in its sources (sim/presets.py, docs/cost-model.md)
 TOPOLOGY_BOUNDS = {
     "h200": {
         # DGX H200: one ConnectX-7 switch per GPU (DGX H100/H200 user guide); HGX boards with one PCIe switch per

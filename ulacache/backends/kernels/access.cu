@@ -1,4 +1,4 @@
-// Data-parallel kernels of the sparse-access pipeline (DESIGN §3; exact semantics in ../README.md).
+// Data-parallel kernels of the sparse-access pipeline (docs/architecture.md, PB-LRU; exact semantics in ../README.md).
 // Every kernel's output order is fixed (no atomics decide an order), so results equal the numpy reference bit for bit.
 // Counts that size later steps stay on the device (`*_count` arguments) so a whole access batch can run without a
 // host synchronisation; the protocol wrappers read them back only where they must return an exactly-sized array.

@@ -1,4 +1,4 @@
-// Row copy kernels for KV exchange (DESIGN §4) and peer gathers (DESIGN §2, TP local buffers).
+// Row copy kernels for KV exchange (docs/architecture.md: KV exchange) and peer gathers (TP local buffers).
 // A "row" is one token's KV of one layer (e.g. 656 B FP8 MLA, 1152 B BF16). Rows are moved as 16-byte vectors
 // (uint4), so row bytes and pool bases must be multiples of 16. Work is flattened over (row, vector): consecutive
 // threads touch consecutive 16-B pieces of a row (coalesced), many rows per block, and each thread issues U
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(256) gather_rows(uint4* __restrict__ dst, cons
   }
 }
 
-// KV exchange with swap (DESIGN §4): for each miss r, the incoming row moves from host slot h = host_idx[r] into
+// KV exchange with swap (docs/architecture.md): for each miss r, the incoming row moves from host slot h = host_idx[r] into
 // GPU slot g = gpu_idx[r]; if victim[r] != 0 the row that g held moves out to host slot h (the slot the incoming
 // entry vacated). Each (h, g) appears once per launch, so a thread's read-then-write of its own piece is race-free.
 template <int VPR, int U>

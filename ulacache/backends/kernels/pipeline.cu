@@ -1,4 +1,4 @@
-// Device-resident PB-LRU access batch (DESIGN §3/§4), the sync-free form of the facade's exclusive-policy access:
+// Device-resident PB-LRU access batch (docs/architecture.md: PB-LRU, KV exchange), the sync-free form of the facade's exclusive-policy access:
 // dedup (access.cu) -> translate + hit detection -> misses grouped by home rank (ascending address) -> the epoch
 // rule (policies/pblru.py: maybe rotate the ring) -> recency update of the hits -> replacement slots from the free
 // bitmap, the cold bucket, then recent buckets oldest -> newest (lowest slot first per segment) -> victims; commit
