@@ -65,13 +65,6 @@ def read_calibration(path: Path) -> dict:
     return _calibration.read(path)[0]
 
 
-def _log_interp(x: float, table: dict) -> float:
-    """Table lookup interpolated in log(x) (batch sizes 1, 4, 16, ...), clamped at the ends."""
-    xs = np.log(np.array(sorted(float(k) for k in table)))
-    ys = np.array([float(table[k]) for k in sorted(table, key=float)])
-    return float(np.interp(np.log(max(float(x), 1e-9)), xs, ys))
-
-
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     hardware: HardwareSpec
@@ -160,7 +153,9 @@ class CostModel:
         return max(flops / (peak * self.values["flops_efficiency"]),
                    hbm_bytes / (self.hardware.hbm_bw_bytes_s * self.values["hbm_efficiency"]))
 
-    def _efficiency(self, kind: str, row_bytes: float) -> float:
+    def row_efficiency(self, kind: str, row_bytes: float) -> float:
+        """Share of a link's raw bandwidth (`kind`: h2d, d2h or peer) scattered rows of `row_bytes` reach: the
+        calibration's per-size table interpolated, else the scalar `<kind>_row_efficiency`."""
         key = (kind, row_bytes)
         eff = self._lookups.get(key)
         if eff is None:
@@ -176,64 +171,13 @@ class CostModel:
 
     # ------------------------------------------------------------------ links
     def h2d_link_bytes(self, num_rows: float, row_bytes: float) -> float:
-        return num_rows * row_bytes / self._efficiency("h2d", row_bytes)
+        return num_rows * row_bytes / self.row_efficiency("h2d", row_bytes)
 
     def d2h_link_bytes(self, num_rows: float, row_bytes: float) -> float:
-        return num_rows * row_bytes / self._efficiency("d2h", row_bytes)
+        return num_rows * row_bytes / self.row_efficiency("d2h", row_bytes)
 
     def peer_link_bytes(self, num_rows: float, row_bytes: float) -> float:
-        return num_rows * row_bytes / self._efficiency("peer", row_bytes)
-
-    def _hisparse(self, role: str, mtp: bool):
-        """A HiSparse swap-in constant: with `mtp`, SGLang's MTP launch pair's (`hisparse_mtp_<role>`) where
-        measured, else the non-MTP kernel's (`hisparse_<role>`)."""
-        if mtp:
-            value = self.values.get(f"hisparse_mtp_{role}")
-            if value is not None and value != {}:
-                return value
-        return self.values[f"hisparse_{role}"]
-
-    def hisparse_swapin_efficiency(self, batch: float, mtp: bool = False) -> float:
-        """Share of the PCIe H2D ceiling HiSparse's swap-in copies reach with `batch` requests: the calibration's
-        per-batch table (non-MTP: one thread block per request copies its misses from pinned host memory; MTP: the
-        multi-block gather of the unique misses, where measured), else the scalar fallback (the naive zero-copy
-        gather, docs/architecture.md)."""
-        key = ("hisparse_swapin", batch, mtp)
-        eff = self._lookups.get(key)
-        if eff is None:
-            table = self._hisparse("swapin_efficiency_by_batch", mtp) or {}
-            eff = _log_interp(max(batch, 1.0), table) if table else float(self.values["hisparse_swapin_efficiency"])
-            self._lookups[key] = eff
-        return eff
-
-    def hisparse_swapin_link_bytes(self, num_rows: float, row_bytes: float, batch: float, mtp: bool = False) -> float:
-        """PCIe occupancy of the swap-in's copies: what the link carries (the calibrated exchange efficiency, or the
-        swap-in's own where higher). Its rate limit at small batch is not link occupancy (a few blocks cannot fill
-        the link, others may use it): that excess is `hisparse_swapin_excess_s`, on the compute stream."""
-        eff = max(self.hisparse_swapin_efficiency(batch, mtp), self._efficiency("h2d", row_bytes))
-        return num_rows * row_bytes / eff
-
-    def hisparse_swapin_excess_s(self, num_rows: float, row_bytes: float, batch: float, mtp: bool = False) -> float:
-        """Time the swap-in kernel's copies take beyond the link's own time: rows / (bandwidth x efficiency(batch))
-        minus the occupancy's time, when its blocks are too few to fill the link."""
-        if num_rows <= 0:
-            return 0.0
-        bw = self.values["pcie_h2d_bw_bytes_s"]
-        alone = num_rows * row_bytes / (bw * self.hisparse_swapin_efficiency(batch, mtp))
-        return max(0.0, alone - self.hisparse_swapin_link_bytes(num_rows, row_bytes, batch, mtp) / bw)
-
-    def hisparse_replay_link_bytes(self, num_rows: float, row_bytes: float, batch: float) -> float:
-        """PCIe occupancy of one IndexShare skip layer's replay of the anchor's copies (SGLang's copy_cache_planned on
-        its side stream): the call's fixed time (`hisparse_planned_copy_fixed_s`) + the rows at its efficiency at
-        `batch` (`hisparse_planned_copy_efficiency_by_batch`), as the bytes the link would move in that time: the
-        replays run back to back on the side stream, so the layer waiting for them waits that long. Unmeasured: the
-        rows at the exchange kernel's efficiency, no fixed time."""
-        if num_rows <= 0:
-            return 0.0
-        table = self.values.get("hisparse_planned_copy_efficiency_by_batch") or {}
-        eff = _log_interp(max(batch, 1.0), table) if table else self._efficiency("h2d", row_bytes)
-        fixed = self.values.get("hisparse_planned_copy_fixed_s") or 0.0
-        return num_rows * row_bytes / eff + fixed * self.values["pcie_h2d_bw_bytes_s"]
+        return num_rows * row_bytes / self.row_efficiency("peer", row_bytes)
 
     def h2d_s(self, num_rows: float, row_bytes: float) -> float:
         """Scattered rows pinned host -> GPU, alone on the link (0 rows: no transfer)."""
@@ -267,18 +211,6 @@ class CostModel:
             return 0.0
         return (self.launch_s(v["mgmt_kernels"]) + v["mgmt_per_ref_s"] * num_refs
                 + v["mgmt_per_unique_s"] * num_unique + v["mgmt_per_miss_s"] * num_misses)
-
-    def hisparse_management_s(self, num_refs: float, num_calls: int = 1, mtp: bool = False) -> float:
-        """HiSparse's swap-in on one layer, without its copies: `num_calls` x the fixed time of one call + the per
-        reference time x `num_refs` (top-k references; MTP: every occurrence of every verify token). Non-MTP, a call is
-        one fused kernel (hash plan + LRU + copy; `hisparse_swapin_fixed_s`, at least one graph kernel); MTP
-        (`mtp`), one gather + commit launch pair for all verify tokens (`hisparse_mtp_swapin_fixed_s`, at least two
-        graph kernels). The fixed times were measured as whole kernel times (host memory read by the kernel itself):
-        no copy-call latency is added to its copies (sim/timing.py `h2d_pays_latency`)."""
-        if num_refs <= 0:
-            return 0.0
-        fixed = max(self.kernel_overhead_s(2 if mtp else 1), self._hisparse("swapin_fixed_s", mtp))
-        return num_calls * fixed + self._hisparse("per_ref_s", mtp) * num_refs
 
     # ------------------------------------------------------------------ model compute (one GPU, one layer)
     def indexer_s(self, num_keys: float, num_query_keys: float) -> float:

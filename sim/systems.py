@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.hisparse_costs import HiSparseCosts
 from sim.sections import Section, key, register_section
 from traces.errors import TraceError
 
@@ -328,6 +329,15 @@ class HiSparseConfig(Section):
             raise ValueError(f"config key hisparse.page_slots must be >= 1, got {self.page_slots}")
 
 
+def _hisparse_costs(system, costs) -> HiSparseCosts:
+    """HiSparse's cost formulas on `costs`, one wrapper kept on the system and rebuilt only for another CostModel:
+    the engine asks on every layer of every step."""
+    hcosts = getattr(system, "_hcosts", None)
+    if hcosts is None or hcosts.costs is not costs:
+        hcosts = system._hcosts = HiSparseCosts(costs)
+    return hcosts
+
+
 class HiSparse(System):
     """SGLang HiSparse: full history in pinned host memory, a device buffer per running request, the index keys of
     the whole logical pool on the GPU; replicated per rank under TP attention.
@@ -447,21 +457,22 @@ class HiSparse(System):
         MTP: one launch pair for all verify tokens. Outside the MTP kernel's limits (more than 4 verify tokens: SGLang
         refuses) one non-MTP call per chunk of verify tokens the buffer holds."""
         row = self.cfg.model.kv_bytes_per_token_layer
+        hcosts = _hisparse_costs(self, costs)
         if self.mtp:
-            return (costs.hisparse_management_s(num_refs, 1, mtp=True)
-                    + costs.hisparse_swapin_excess_s(num_misses, row, batch, mtp=True))
+            return (hcosts.management_s(num_refs, 1, mtp=True)
+                    + hcosts.swapin_excess_s(num_misses, row, batch, mtp=True))
         calls = math.ceil(self.q / self.query_chunk())
-        return costs.hisparse_management_s(num_refs, calls) + costs.hisparse_swapin_excess_s(num_misses, row, batch)
+        return hcosts.management_s(num_refs, calls) + hcosts.swapin_excess_s(num_misses, row, batch)
 
     def h2d_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float:
         """Missed rows copied by the swap-in kernel straight from pinned host memory: what the link carries (at
-        the larger of the kernel's efficiency at its batch and the calibrated exchange's; `hisparse_swapin_*`)."""
-        return costs.hisparse_swapin_link_bytes(num_rows, row_bytes, batch, self.mtp)
+        the larger of the kernel's efficiency at its batch and the calibrated exchange's; `HiSparseCosts.swapin_*`)."""
+        return _hisparse_costs(self, costs).swapin_link_bytes(num_rows, row_bytes, batch, self.mtp)
 
     def h2d_replay_link_bytes(self, costs, num_rows: float, row_bytes: float, batch: float) -> float | None:
         """Without drafts the skip layers replay the anchor's copies on the side stream (SGLang's copy_cache_planned:
-        `hisparse_replay_link_bytes`); under drafts there is no replay (every layer runs its own swap-in)."""
-        return costs.hisparse_replay_link_bytes(num_rows, row_bytes, batch) if self.prefetch else None
+        `HiSparseCosts.replay_link_bytes`); under drafts there is no replay (every layer runs its own swap-in)."""
+        return _hisparse_costs(self, costs).replay_link_bytes(num_rows, row_bytes, batch) if self.prefetch else None
 
     def cache_config(self, k: int, bound: RunBound):
         from ulacache import CacheConfig

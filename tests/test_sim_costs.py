@@ -8,6 +8,7 @@ import yaml
 from sim import calibration
 from sim.costs import CostModel
 from sim.hardware import Node
+from sim.hisparse_costs import HiSparseCosts
 from sim.presets import HARDWARE_PRESETS, MODEL_PRESETS, build_hardware
 from sim.systems import HiSparse, System
 from sim.timing import GroupWork, StepTimer
@@ -170,19 +171,20 @@ def test_peer_fetch_of_a_promoted_row_waits_for_its_promotion():
 # ---- item 3: HiSparse's swap-in
 def test_hisparse_swapin_efficiency_fallback_and_table():
     cm = CostModel.load("h200", "glm-5", calibration="none")
-    assert cm.hisparse_swapin_efficiency(1) == cm.hisparse_swapin_efficiency(256) == 0.36
+    assert HiSparseCosts(cm).swapin_efficiency(1) == HiSparseCosts(cm).swapin_efficiency(256) == 0.36
     tab = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_efficiency_by_batch": {1: 0.1, 16: 0.5,
                                                                                             256: 0.8}})
-    assert tab.hisparse_swapin_efficiency(1) == pytest.approx(0.1)
-    assert tab.hisparse_swapin_efficiency(4) == pytest.approx(0.3)  # log-interpolated
-    assert tab.hisparse_swapin_efficiency(1000) == pytest.approx(0.8)
+    assert HiSparseCosts(tab).swapin_efficiency(1) == pytest.approx(0.1)
+    assert HiSparseCosts(tab).swapin_efficiency(4) == pytest.approx(0.3)  # log-interpolated
+    assert HiSparseCosts(tab).swapin_efficiency(1000) == pytest.approx(0.8)
     # the link carries the payload at the exchange efficiency (or the swap-in's where higher); the rest of the
     # swap-in's time at small batch is its blocks' rate limit, not link occupancy
     ex = tab.h2d_link_bytes(1, 656) / 656
-    assert tab.hisparse_swapin_link_bytes(100, 656, 16) == pytest.approx(100 * 656 * min(ex, 1 / 0.5))
+    assert HiSparseCosts(tab).swapin_link_bytes(100, 656, 16) == pytest.approx(100 * 656 * min(ex, 1 / 0.5))
     bw = tab["pcie_h2d_bw_bytes_s"]
     for batch, eff in ((1, 0.1), (16, 0.5), (256, 0.8)):
-        total = tab.hisparse_swapin_link_bytes(1000, 656, batch) / bw + tab.hisparse_swapin_excess_s(1000, 656, batch)
+        hc = HiSparseCosts(tab)
+        total = hc.swapin_link_bytes(1000, 656, batch) / bw + hc.swapin_excess_s(1000, 656, batch)
         assert total == pytest.approx(max(1000 * 656 / (bw * eff), tab.h2d_link_bytes(1000, 656) / bw))
 
 
@@ -196,7 +198,7 @@ def test_systems_pick_their_own_mechanism_costs():
     assert HiSparse.h2d_link_bytes(hs, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
     assert System.h2d_link_bytes(None, cm, 100, 656, 1) == pytest.approx(cm.h2d_link_bytes(100, 656))
     assert HiSparse.management_s(hs, cm, 2048, 2048, 900, 1) == pytest.approx(
-        cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 2048 + cm.hisparse_swapin_excess_s(900, 656, 1))
+        cm["hisparse_swapin_fixed_s"] + cm["hisparse_per_ref_s"] * 2048 + HiSparseCosts(cm).swapin_excess_s(900, 656, 1))
     # outside the MTP kernel's limits: one non-MTP call per chunk of verify tokens the buffer holds
     chunked = SimpleNamespace(cfg=SimpleNamespace(model=cm.model), q=4, query_chunk=lambda: 2, mtp=False)
     assert HiSparse.management_s(chunked, cm, 4 * 2048, 0, 0, 1) == pytest.approx(
@@ -207,11 +209,12 @@ def test_systems_pick_their_own_mechanism_costs():
     per_ref = cm["hisparse_mtp_per_ref_s"] or cm["hisparse_per_ref_s"]
     assert HiSparse.management_s(mtp, cm, 4 * 2048, 0, 0, 1) == pytest.approx(
         max(fixed, cm.kernel_overhead_s(2)) + per_ref * 4 * 2048)
-    assert cm.hisparse_swapin_excess_s(900, 656, 1) == pytest.approx(
+    assert HiSparseCosts(cm).swapin_excess_s(900, 656, 1) == pytest.approx(
         900 * 656 / cm["pcie_h2d_bw_bytes_s"] * (1 / 0.1 - cm.h2d_link_bytes(1, 656) / 656))
     assert cm["hisparse_swapin_fixed_s"] > 10 * cm.kernel_overhead_s(1)  # one block scans its 4096-slot buffer
     bare = CostModel.load("h200", "glm-5", overrides={"hisparse_swapin_fixed_s": 0.0})
-    assert bare.hisparse_management_s(0.0 + 1) == pytest.approx(bare.kernel_overhead_s(1) + bare["hisparse_per_ref_s"])
+    assert HiSparseCosts(bare).management_s(0.0 + 1) == pytest.approx(
+        bare.kernel_overhead_s(1) + bare["hisparse_per_ref_s"])
     assert System.management_s(None, cm, 2048, 2048, 900, 1) == pytest.approx(cm.management_s(2048, 2048, 900))
 
 

@@ -6,6 +6,7 @@ from sim.config import build, resolve
 from sim.costs import CostModel
 from sim.events import TraceRecorder
 from sim.hardware import Node, make_env
+from sim.hisparse_costs import HiSparseCosts
 from sim.systems import budget_for, make_system
 from sim.timing import GroupWork, StepTimer
 
@@ -49,13 +50,13 @@ def test_mtp_path_is_one_launch_pair_per_layer_and_indexshare_replay_only_withou
         assert s.h2d_pays_latency is False and s.d2h_blocking is False
     refs = 4 * 2048
     one_pair = spec.management_s(costs, refs, 0, 0, 1)
-    assert one_pair == pytest.approx(costs.hisparse_management_s(refs, 1, mtp=True))
+    assert one_pair == pytest.approx(HiSparseCosts(costs).management_s(refs, 1, mtp=True))
     chunks = -(-6 // long_chain.query_chunk())
     assert long_chain.management_s(costs, 6 * 2048, 0, 0, 1) == pytest.approx(
-        costs.hisparse_management_s(6 * 2048, chunks))
+        HiSparseCosts(costs).management_s(6 * 2048, chunks))
     # the MTP pair's excess is read from the MTP gather's table where measured (else the non-MTP kernel's)
     rows = 1000.0
-    mtp_excess = costs.hisparse_swapin_excess_s(rows, 656, 1, mtp=True)
+    mtp_excess = HiSparseCosts(costs).swapin_excess_s(rows, 656, 1, mtp=True)
     assert spec.management_s(costs, refs, 0, rows, 1) == pytest.approx(one_pair + mtp_excess)
 
 
@@ -63,15 +64,16 @@ def test_mtp_keys_fall_back_to_the_non_mtp_kernel_until_measured():
     bare = CostModel.load("h200", "glm-5.2", overrides={"hisparse_mtp_swapin_fixed_s": None,
                                                         "hisparse_mtp_per_ref_s": None,
                                                         "hisparse_mtp_swapin_efficiency_by_batch": {}})
-    assert bare.hisparse_management_s(100, mtp=True) == pytest.approx(
+    assert HiSparseCosts(bare).management_s(100, mtp=True) == pytest.approx(
         max(bare["hisparse_swapin_fixed_s"], bare.kernel_overhead_s(2)) + 100 * bare["hisparse_per_ref_s"])
-    assert bare.hisparse_swapin_efficiency(1, mtp=True) == bare.hisparse_swapin_efficiency(1)
+    assert HiSparseCosts(bare).swapin_efficiency(1, mtp=True) == HiSparseCosts(bare).swapin_efficiency(1)
     fit = CostModel.load("h200", "glm-5.2", overrides={"hisparse_mtp_swapin_fixed_s": 2e-5,
                                                        "hisparse_mtp_per_ref_s": 1e-11,
                                                        "hisparse_mtp_swapin_efficiency_by_batch": {1: 0.7, 64: 0.9}})
-    assert fit.hisparse_management_s(100, mtp=True) == pytest.approx(2e-5 + 100 * 1e-11)
-    assert fit.hisparse_swapin_efficiency(1, mtp=True) == pytest.approx(0.7)
-    assert fit.hisparse_swapin_efficiency(1) == bare.hisparse_swapin_efficiency(1)  # the non-MTP table untouched
+    assert HiSparseCosts(fit).management_s(100, mtp=True) == pytest.approx(2e-5 + 100 * 1e-11)
+    assert HiSparseCosts(fit).swapin_efficiency(1, mtp=True) == pytest.approx(0.7)
+    # the non-MTP table untouched
+    assert HiSparseCosts(fit).swapin_efficiency(1) == HiSparseCosts(bare).swapin_efficiency(1)
 
 
 @pytest.mark.parametrize("hw", ["h200", "b300"])
@@ -114,14 +116,14 @@ def test_indexshare_replay_costs_its_own_kernel_where_measured():
     them; unmeasured, its rows move at the exchange's efficiency; under drafts there is no replay."""
     bare = CostModel.load("h200", "glm-5.2")
     if not bare["hisparse_planned_copy_efficiency_by_batch"] and not bare["hisparse_planned_copy_fixed_s"]:
-        assert bare.hisparse_replay_link_bytes(1000, 656, 4) == pytest.approx(bare.h2d_link_bytes(1000, 656))
+        assert HiSparseCosts(bare).replay_link_bytes(1000, 656, 4) == pytest.approx(bare.h2d_link_bytes(1000, 656))
     fit = CostModel.load("h200", "glm-5.2", overrides={"hisparse_planned_copy_fixed_s": 5e-6,
                                                        "hisparse_planned_copy_efficiency_by_batch": {1: 0.2, 16: 0.8}})
     bw = fit["pcie_h2d_bw_bytes_s"]
-    assert fit.hisparse_replay_link_bytes(1000, 656, 4) / bw == pytest.approx(5e-6 + 1000 * 656 / (0.5 * bw))
-    assert fit.hisparse_replay_link_bytes(0, 656, 4) == 0.0
+    assert HiSparseCosts(fit).replay_link_bytes(1000, 656, 4) / bw == pytest.approx(5e-6 + 1000 * 656 / (0.5 * bw))
+    assert HiSparseCosts(fit).replay_link_bytes(0, 656, 4) == 0.0
     plain, spec = _system(), _system("spec.draft_tokens=4")
-    assert plain.h2d_replay_link_bytes(fit, 1000, 656, 4) == fit.hisparse_replay_link_bytes(1000, 656, 4)
+    assert plain.h2d_replay_link_bytes(fit, 1000, 656, 4) == HiSparseCosts(fit).replay_link_bytes(1000, 656, 4)
     assert spec.h2d_replay_link_bytes(fit, 1000, 656, 4) is None
     ula = make_system(build(resolve({}, ["system=ulacache"])), budget_for(build(resolve({}, ["system=ulacache"]))),
                       MEAN)
