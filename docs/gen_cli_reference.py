@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from page_main import page_main  # docs/page_main.py: docs/ is sys.path[0] when this script runs
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -97,16 +99,7 @@ def render() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "cli.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what would be written")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        return 0 if args.out.exists() and args.out.read_text() == text else 1
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(text.splitlines())} lines)")
-    return 0
+    return page_main(__doc__.splitlines()[0], ROOT / "docs" / "cli.md", render)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ and the unit from the key's name (`_bytes`, `_s`, `_slots`, ...).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import inspect
@@ -18,6 +17,8 @@ import re
 import sys
 import typing
 from pathlib import Path
+
+from page_main import page_main  # docs/page_main.py: docs/ is sys.path[0] when this script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -273,16 +274,7 @@ which refuse unknown keys). Sizes are token slots of one layer group, per rank.
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "config.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what would be written")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        return 0 if args.out.exists() and args.out.read_text() == text else 1
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(text.splitlines())} lines)")
-    return 0
+    return page_main(__doc__.splitlines()[0], ROOT / "docs" / "config.md", render)
 
 
 if __name__ == "__main__":
