@@ -178,6 +178,18 @@ __device__ int mtp_block_exscan(int* s, int n, int* wtot) {
   return total;
 }
 
+// Overflow admission of admitted miss i of M: probe the hashed slots (lin * KNUTH + epoch) % H, lin = i, i + M, ...;
+// claim the first not referenced this epoch (mark it), or leave the miss without a victim (-1).
+__device__ __forceinline__ int mtp_hashed_victim(int* bref, int i, int M, int epoch, int H) {
+  for (int lin = i; lin < H; lin += M) {
+    const int c = (int)(((unsigned)lin * KNUTH + (unsigned)epoch) % (unsigned)H);
+    if (bref[c] == epoch) continue;
+    bref[c] = epoch;
+    return c;
+  }
+  return -1;
+}
+
 __device__ int mtp_fallback(const int* bref_c, int* bref, int cursor, int i, int epoch, int H) {
   const unsigned start = ((unsigned)cursor + (unsigned)i * KNUTH) % (unsigned)H;
   for (int a = 0; a < H; a++) {
@@ -277,27 +289,11 @@ extern "C" __global__ void hisparse_mtp_commit(
         vic[i] = best;
       }
     } else if ((H & (H - 1)) == 0) {  // hashed victims, disjoint when H is a power of two
-      for (int i = t; i < M; i += BS) {
-        if (!adm[i]) continue;
-        for (int lin = i; lin < H; lin += M) {
-          const int c = (int)(((unsigned)lin * KNUTH + (unsigned)epoch) % (unsigned)H);
-          if (bref[c] == epoch) continue;
-          bref[c] = epoch;
-          vic[i] = c;
-          break;
-        }
-      }
+      for (int i = t; i < M; i += BS)
+        if (adm[i]) vic[i] = mtp_hashed_victim(bref, i, M, epoch, H);
     } else if (t == 0) {  // other H: the same probes, one at a time in ordinal order
-      for (int i = 0; i < M; i++) {
-        if (!adm[i]) continue;
-        for (int lin = i; lin < H; lin += M) {
-          const int c = (int)(((unsigned)lin * KNUTH + (unsigned)epoch) % (unsigned)H);
-          if (bref[c] == epoch) continue;
-          bref[c] = epoch;
-          vic[i] = c;
-          break;
-        }
-      }
+      for (int i = 0; i < M; i++)
+        if (adm[i]) vic[i] = mtp_hashed_victim(bref, i, M, epoch, H);
     }
     __syncthreads();
     if (t == 0) {
