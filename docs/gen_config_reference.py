@@ -89,15 +89,9 @@ def docstring_fields(cls: type) -> dict[str, str]:
     return out
 
 
-def _source(cls: type, section: str | None) -> str:
-    """The class's own source; for a class made by make_dataclass, its section of the module's schema literal."""
-    try:
-        return inspect.getsource(cls)
-    except (OSError, TypeError):
-        pass
-    text = inspect.getsource(sys.modules[cls.__module__])
-    start = text.find(f'"{section}": {{') if section else -1
-    return text[start:text.find("\n    },", start)] if start >= 0 else text
+def _source(cls: type) -> str:
+    """The class's own source (its field comments are the fallback meaning)."""
+    return inspect.getsource(cls)
 
 
 def _cell(value) -> str:
@@ -118,18 +112,13 @@ def _default(field: dataclasses.Field):
     return dataclasses.MISSING
 
 
-def _choices(cls: type, section: str | None, field: dataclasses.Field) -> tuple:
+def _choices(cls: type, field: dataclasses.Field) -> tuple:
     if field.metadata.get("choices"):
         return tuple(field.metadata["choices"])
     hint = typing.get_type_hints(cls).get(field.name)
     if typing.get_origin(hint) is typing.Literal:
         return typing.get_args(hint)
-    registry = _registry(cls, field.name)
-    if registry:
-        return registry
-    schema = getattr(sys.modules[cls.__module__], "SCHEMA", None)  # the tuple schema, where one is still used
-    rule = (schema.get(section, {}) if section else schema or {}).get(field.name) if isinstance(schema, dict) else None
-    return tuple(rule[2]) if isinstance(rule, tuple) and len(rule) > 2 else ()
+    return _registry(cls, field.name)
 
 
 def _registry(cls: type, name: str) -> tuple:
@@ -149,16 +138,16 @@ def _registry(cls: type, name: str) -> tuple:
     return tuple(found) if isinstance(found, (tuple, list)) and all(isinstance(v, str) for v in found) else ()
 
 
-def field_rows(cls: type, prefix: str, section: str | None = None, defaults: dict | None = None) -> list[str]:
+def field_rows(cls: type, prefix: str, defaults: dict | None = None) -> list[str]:
     """One markdown row per field of a config dataclass: key, default, unit, meaning."""
     fields = dataclasses.fields(cls)
-    comments = source_comments(_source(cls, section), [f.name for f in fields])
+    comments = source_comments(_source(cls), [f.name for f in fields])
     comments.update({k: v for k, v in docstring_fields(cls).items() if k not in comments})
     rows = []
     for f in fields:
         meta = f.metadata
         meaning = str(meta.get("help") or meta.get("doc") or meta.get("description") or comments.get(f.name, ""))
-        choices = _choices(cls, section, f)
+        choices = _choices(cls, f)
         if choices:
             meaning = f"one of {', '.join(f'`{c}`' for c in choices)}: {meaning}".strip(": ")
         default = (defaults or {}).get(f.name, _default(f))
@@ -168,14 +157,6 @@ def field_rows(cls: type, prefix: str, section: str | None = None, defaults: dic
 
 
 TABLE = "| key | default | unit | meaning |\n|---|---|---|---|"
-
-# Meaning of the top-level keys when the config class declares none (SimConfig's plain fields carry no metadata yet).
-TOP_LEVEL_HELP = {
-    "system": "which serving system the replay simulates",
-    "attention": "attention parallelism across the node's GPUs: data-parallel or tensor-parallel",
-    "policy": "UlaCache's GPU-pool replacement policy (PB-LRU, or exact timestamp LRU as the ablation)",
-    "cpu_storage": "UlaCache: back the GPU pool with an exclusive CPU pool (capacity = GPU + CPU slots)",
-}
 
 
 def _top_level(sim_config) -> tuple[list[str], list[tuple[str, type]]]:
@@ -188,8 +169,8 @@ def _top_level(sim_config) -> tuple[list[str], list[tuple[str, type]]]:
         if dataclasses.is_dataclass(kind):
             sections.append((f.name, kind))
         elif f.name in tree and not isinstance(tree[f.name], dict):
-            meaning = f.metadata.get("help") or TOP_LEVEL_HELP.get(f.name, "")
-            choices = _choices(sim_config.SimConfig, None, f)
+            meaning = f.metadata["help"]
+            choices = _choices(sim_config.SimConfig, f)
             if choices:
                 meaning = f"one of {', '.join(f'`{c}`' for c in choices)}: {meaning}".strip(": ")
             rows.append(f"| `{f.name}` | {_cell(tree[f.name])} | {unit_of(f.name, f.metadata)} | {meaning} |")
@@ -201,7 +182,7 @@ def _top_level(sim_config) -> tuple[list[str], list[tuple[str, type]]]:
 
 def preset_rows(cls: type, presets: dict, prefix: str) -> list[str]:
     """key | unit | one column per preset | meaning."""
-    comments = source_comments(_source(cls, None), [f.name for f in dataclasses.fields(cls)])
+    comments = source_comments(_source(cls), [f.name for f in dataclasses.fields(cls)])
     names = list(presets)
     out = [f"| key | unit | {' | '.join(f'`{n}`' for n in names)} | meaning |",
            "|---|---|" + "---|" * len(names) + "---|"]
@@ -244,7 +225,7 @@ def render() -> str:
                     *preset_rows(cls, MODEL_PRESETS, "model."), ""]
         else:
             doc = inspect.getdoc(cls) if cls.__doc__ else ""  # the section class's docstring, whole
-            out += [f"## `{name}.*`\n", doc + "\n" if doc else "", TABLE, *field_rows(cls, f"{name}.", name), ""]
+            out += [f"## `{name}.*`\n", doc + "\n" if doc else "", TABLE, *field_rows(cls, f"{name}."), ""]
     costs_file = ROOT / "sim" / "costs.yaml"
     if costs_file.exists():
         out += ["## `costs.*`\n", COSTS_NOTE, *cost_rows(costs_file), ""]
