@@ -19,6 +19,7 @@ from sim.engine import Engine
 from sim.events import TraceRecorder
 from sim.group_workers import resolve_processes
 from sim.hardware import events_scheduled
+from sim.policy_backend import resolve as resolve_backend
 from sim.systems import RunBound, budget_for, system_for_workload
 
 
@@ -60,9 +61,12 @@ def check_requests(requests) -> None:
         raise ValueError("request_id values must be unique")
 
 
-def cache_factory(cfg: SimConfig, system, requests):
+def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy"):
     """make_cache(group, k) -> a library cache for 1/k of the requests, sized by the system (`System.cache_config`)
-    and by what this run can hold at once (`RunBound`), never by the budgets alone."""
+    and by what this run can hold at once (`RunBound`), never by the budgets alone; on array backend `backend`
+    (sim/policy_backend.py: the same plans on any)."""
+    import dataclasses
+
     from ulacache import UlaCache
 
     cap = system.capacity
@@ -71,7 +75,8 @@ def cache_factory(cfg: SimConfig, system, requests):
                         cap.num_spaces)
 
     def make(group: int, k: int):
-        return UlaCache(system.cache_config(k, bound))
+        config = system.cache_config(k, bound)
+        return UlaCache(config if backend == "numpy" else dataclasses.replace(config, backend=backend))
 
     make.bound = bound  # what the runner needs to keep its pilot's state bounded
     make.config = lambda k: system.cache_config(k, bound)  # the cache's configuration, without building it
@@ -220,14 +225,16 @@ def _json_safe(obj):
 def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
            trace_events: Path | None = None, calibration: Path | None = None,
            overrides: list[str] | None = None, max_memory_gb: float | None = None,
-           policy_workers: int | None = 1) -> dict:
+           policy_workers: int | None = 1, policy_backend: str | None = None) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
 
     Before simulating, its peak memory is estimated (sim/footprint.py); above `max_memory_gb` or what the machine
     has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written.
     `policy_workers`: processes the simulated indexer groups may run in (sim/group_workers.py; None:
     $ULACACHE_POLICY_WORKERS, else the usable cores, as `ulacache replay`, `sweep` and `plan` run); every metric but
-    the wall time and `policy_processes` is the same for any number."""
+    the wall time and `policy_processes` is the same for any number. `policy_backend`: the array backend of the
+    policy caches (sim/policy_backend.py; None: $ULACACHE_POLICY_BACKEND, else numpy): the same metrics on any;
+    a backend other than numpy runs the groups in one process."""
     wall0 = time.perf_counter()
     tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
     cfg = build(tree)
@@ -237,9 +244,12 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     budget = budget_for(cfg)
     system = system_for_workload(cfg, budget, requests, source)
     recorder = TraceRecorder() if trace_events else None
+    backend = resolve_backend(policy_backend)
     make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
-    processes = resolve_processes(policy_workers)
+    processes = resolve_processes(policy_workers) if backend == "numpy" else 1  # (a CUDA context does not fork)
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
+    if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
+        make_cache = cache_factory(cfg, system, requests, backend)
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
     try:
         with _progress(progress, engine.n_req) as tick:
@@ -253,6 +263,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     wall = time.perf_counter() - wall0
     metrics = metrics_of(cfg, system, budget, engine, wall, costs)
     metrics["est_peak_memory_bytes"] = est["peak_bytes"]
+    metrics["policy_backend"] = backend
     metrics["policy_processes"] = engine.runner.processes_used if engine.runner is not None else 1
     probe = engine.runner.probe_step_s if engine.runner is not None else None
     if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes

@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--policy-workers", type=int, default=None, metavar="N",
                    help="processes the simulated indexer groups run in (default $ULACACHE_POLICY_WORKERS, else the "
                    "usable cores); every metric but the wall time is the same for any N")
+    p.add_argument("--policy-backend", choices=("numpy", "cupy", "torch", "auto"), default=None,
+                   help="array backend the policy caches run on (default $ULACACHE_POLICY_BACKEND, else numpy; auto: "
+                   "cupy where a CUDA device is usable, else numpy); every metric but the wall time is the same on any")
     p.set_defaults(func=_replay)
 
 
@@ -83,7 +86,7 @@ def _replay(args: argparse.Namespace) -> int:
         metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
                              trace_events=events_path if args.trace_events is not None else None,
                              calibration=args.calibration, overrides=sets, max_memory_gb=args.max_memory_gb,
-                             policy_workers=args.policy_workers)
+                             policy_workers=args.policy_workers, policy_backend=args.policy_backend)
         stage.publish()
         if events is not None:
             events.publish()
