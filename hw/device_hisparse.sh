@@ -20,8 +20,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$LOG"
 python3 -c "import cupy; print('cupy', cupy.__version__)" 2>&1 | tee -a "$LOG"
 echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
-timeout 240 python3 -m pytest -q -m gpu tests/test_hw_hisparse.py tests/test_hw_hisparse_mtp.py \
+timeout ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_hw_hisparse.py tests/test_hw_hisparse_mtp.py \
   -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -25
 echo "=== hisparse $(date -u +%H:%M:%S)" | tee -a "$LOG"
-timeout 420 python3 -m hw hisparse --out "$OUT/hisparse_swapin.json" ${HS_ARGS:-} 2>&1 | tee -a "$LOG"
+timeout ${BENCH_S:-400} python3 -m hw hisparse --out "$OUT/hisparse_swapin.json" ${HS_ARGS:-} 2>&1 | tee -a "$LOG"
 echo "=== done $(date -u +%H:%M:%S)" | tee -a "$LOG"

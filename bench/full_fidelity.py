@@ -1,0 +1,148 @@
+"""Full fidelity (issue 29 item 2): a config with every indexer group and every request simulated, on a chosen policy
+backend, cut at a few decode-step counts; wall time, peak host RSS and peak device memory of each, in a fresh process.
+
+The cut runs share admission and the first step, so the difference of two cuts' wall times is the time of their
+extra decode steps (`s_per_decode_step`); times the full run's decode steps (`--full-run-steps`, default: the config's
+own default-fidelity decode steps, from a replay of it in this bench when `--reference` is given) it estimates a
+whole run against the 10-minute target. A run that completes within `--max-wall-s` is measured outright.
+
+Usage: python bench/full_fidelity.py [CONFIG] --policy-backend cupy --steps 2 6 [--policy-workers N]
+           [--full-run-steps 2146] [--out bench/results/full_fidelity.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
+KEEP = ("decode_steps", "completed_requests", "max_admitted_concurrency", "gpu_hit_rate", "decode_throughput_tok_s",
+        "policy_calls", "policy_groups_simulated", "request_sample_stride", "policy_backend", "policy_processes",
+        "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s")
+
+
+def device_peak_bytes(backend: str) -> dict:
+    """What the backend's device allocator holds at the end (cupy's pool keeps freed blocks: its total is the peak
+    it ever needed at once, to the pool's rounding) and the device's used memory now (nvidia-smi's view)."""
+    out: dict = {}
+    if backend == "cupy":
+        import cupy
+
+        out["cupy_pool_total_bytes"] = int(cupy.get_default_memory_pool().total_bytes())
+        free, total = cupy.cuda.runtime.memGetInfo()
+        out["device_used_bytes_at_end"] = int(total - free)
+        out["device_name"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    elif backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            out["torch_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def child(spec: dict) -> None:
+    """One replay in this (fresh) process; prints one JSON line."""
+    import sim
+
+    t0 = time.perf_counter()
+    m = sim.replay(spec["config"], None, overrides=spec["sets"], policy_workers=spec["workers"],
+                   policy_backend=spec["backend"], max_memory_gb=spec.get("max_memory_gb"))
+    row = {k: m.get(k) for k in KEEP}
+    row["wall_s"] = time.perf_counter() - t0
+    row["main_process_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    row.update(device_peak_bytes(m["policy_backend"]))
+    print("RESULT " + json.dumps(row))
+
+
+def run_cut(args, steps: int | None) -> dict:
+    sets = FULL + list(args.sets) + ([f"workload.max_steps={steps}"] if steps else [])
+    spec = {"config": str(args.config), "sets": sets, "workers": args.policy_workers, "backend": args.policy_backend,
+            "max_memory_gb": args.max_memory_gb}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+                              timeout=args.max_wall_s, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"steps": steps, "timed_out_after_s": args.max_wall_s}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return {"steps": steps, "failed": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
+    row = json.loads(lines[-1][7:])
+    row["steps"], row["process_wall_s"] = steps, time.perf_counter() - t0
+    return row
+
+
+def derive(cuts: list[dict], full_run_steps: int | None) -> dict:
+    ok = [c for c in cuts if "wall_s" in c and c.get("steps")]
+    if len(ok) < 2:
+        return {}
+    a, b = ok[0], ok[-1]
+    extra = b["decode_steps"] - a["decode_steps"]
+    if extra <= 0:
+        return {}
+    per = (b["wall_s"] - a["wall_s"]) / extra
+    out = {"s_per_decode_step": per, "from_cuts": [a["steps"], b["steps"]]}
+    if full_run_steps:
+        out["full_run_steps"] = full_run_steps
+        out["full_run_estimate_s"] = a["wall_s"] + per * (full_run_steps - a["decode_steps"])
+        out["target_s"] = 600.0
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(json.loads(sys.argv[2]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", nargs="?", type=Path, default=ROOT / "configs" / "paper-h200-tp-specon.yaml")
+    p.add_argument("--policy-backend", default="auto", choices=("numpy", "cupy", "torch", "auto"))
+    p.add_argument("--policy-workers", type=int, default=None, help="numpy only (default: the usable cores)")
+    p.add_argument("--steps", type=int, nargs="*", default=[2, 6],
+                   help="decode-step cuts (0 = the whole run)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--full-run-steps", type=int, default=None, help="decode steps of the whole run (estimate)")
+    p.add_argument("--max-wall-s", type=float, default=540.0, help="a cut that runs longer is stopped")
+    p.add_argument("--max-memory-gb", type=float, default=None)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "full_fidelity.json")
+    args = p.parse_args()
+    cuts = []
+    for s in args.steps:
+        row = run_cut(args, s or None)
+        cuts.append(row)
+        print(json.dumps(row), flush=True)
+    result = {
+        "what": "full fidelity (policy_groups=0, request_fraction=1.0) replays cut at decode-step counts, each in a "
+                "fresh process",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                     cwd=ROOT).stdout.strip() or None,
+        "machine": {"host": platform.node(), "python": platform.python_version(), "cpus": _cpus()},
+        "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
+        "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["derived"]))
+    return 0
+
+
+def _cpus() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
