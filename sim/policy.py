@@ -21,7 +21,7 @@ Fidelity knobs (config `fidelity.*`, see docs/cost-model.md "What is sampled"):
   at admission, GPU-first) and warmed up by replaying the pilot's steps on them, uncounted. Memory then follows the
   simulated groups, not all groups.
 An access batch whose working set does not fit at once (CapacityError: the GPU pool, or under TP a rank's local
-buffer) is served in halves, recursively; `passes` reports the sub-batches, which the engine times as extra passes.
+buffer) is served in halves, recursively (by requests; a single request's by its verify tokens); `passes` reports the sub-batches, which the engine times as extra passes.
 What comes out are *ratios per reference* (per rank): misses, unique, exchanges, rows per link, and `passes`. The engine turns them
 into rows with the exact reference counts of the whole batch, so sampled and full runs share one code path.
 """
@@ -692,12 +692,17 @@ class PolicyRunner:
         try:
             plan = cache.access(addrs)
         except _capacity_error():
-            if addrs.shape[0] <= 1:
+            rows, q = addrs.shape[0], addrs.shape[1] if addrs.ndim == 3 else 1
+            if rows <= 1 and q <= 1:
                 raise
             self.capacity_splits += 1  # the working set does not fit at once: serve the batch in two halves
-            half = addrs.shape[0] // 2
-            a = self._access(cache, addrs[:half], num_ranks)
-            b = self._access(cache, addrs[half:], num_ranks)
+            if rows > 1:  # by requests
+                half = rows // 2
+                a, b = self._access(cache, addrs[:half], num_ranks), self._access(cache, addrs[half:], num_ranks)
+            else:  # one request: by its verify tokens (a rank's share of its working set above the pool)
+                half = q // 2
+                a = self._access(cache, addrs[:, :half], num_ranks)
+                b = self._access(cache, addrs[:, half:], num_ranks)
             return {k: a[k] + b[k] for k in a}
         cache.commit(plan)
         return {

@@ -222,6 +222,21 @@ def _json_safe(obj):
     return obj
 
 
+def _execution_metrics(engine: Engine, est: dict, backend: str) -> dict:
+    """How the replay ran (none of it changes a result): its memory estimate, the policy's backend and processes,
+    the probe that chose them, and the peak RSS: this process's plus the group workers' private pages
+    (sim/group_workers.py: sampled)."""
+    runner = engine.runner
+    out = {"est_peak_memory_bytes": est["peak_bytes"], "policy_backend": backend,
+           "policy_processes": runner.processes_used if runner is not None else 1}
+    probe = runner.probe_step_s if runner is not None else None
+    if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes
+        out["policy_probe_step_ms"] = probe * 1e3
+    out["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
+        float(runner.worker_rss_bytes) if runner is not None else 0.0)
+    return out
+
+
 def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
            trace_events: Path | None = None, calibration: Path | None = None,
            overrides: list[str] | None = None, max_memory_gb: float | None = None,
@@ -262,15 +277,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
         source.close()
     wall = time.perf_counter() - wall0
     metrics = metrics_of(cfg, system, budget, engine, wall, costs)
-    metrics["est_peak_memory_bytes"] = est["peak_bytes"]
-    metrics["policy_backend"] = backend
-    metrics["policy_processes"] = engine.runner.processes_used if engine.runner is not None else 1
-    probe = engine.runner.probe_step_s if engine.runner is not None else None
-    if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes
-        metrics["policy_probe_step_ms"] = probe * 1e3
-    # this process's peak plus the group workers' private pages (sim/group_workers.py: sampled)
-    metrics["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
-        float(engine.runner.worker_rss_bytes) if engine.runner is not None else 0.0)
+    metrics.update(_execution_metrics(engine, est, backend))
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -674,10 +674,13 @@ class UlaCacheSystem(System):
         big = bound.max_request_slots
         ws = cap.notes["union_slots_per_request"]
         gpu_slack = 0 if cfg.cpu_storage else 2 * big / m  # GPU slack would raise hit rates
-        # at least one request's working set (what a split access batch needs; only binds for coarse samples)
+        # at least a rank's share of one request's largest working set (what a batch split down to one request
+        # needs; only binds for coarse samples): TP spreads a request's homes over the m ranks of its space, so a
+        # rank holds 1/m of it (the whole of it per rank held 6.5x the GPU slots per simulated request at 8 ranks
+        # and stride 16, and the sampled TP hit rate 0.738 against the full run's 0.345: bench/fidelity_error.py)
         ks = bound.stride(k)  # the share of each space's requests simulated (>= 1 per space), not 1/k
-        gpu = max(self._scaled(cap.gpu_pool_slots, ks, gpu_slack), min(cfg.query_tokens * cfg.model.top_k,
-                                                                         bound.max_request_slots), 64)
+        floor = math.ceil(min(cfg.query_tokens * cfg.model.top_k, bound.max_request_slots) / m)
+        gpu = max(self._scaled(cap.gpu_pool_slots, ks, gpu_slack), floor, 64)
         cpu = self._scaled(cap.cpu_pool_slots, ks, 2 * big / m) if cfg.cpu_storage else 0
         local = (self._scaled(cap.local_buffer_slots, ks, ws) or gpu) if self.tp else 0  # 0 = the library's default
         state = bound.slots(k)
