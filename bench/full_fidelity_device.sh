@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
 timeout ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_policy_backend_replay.py -p no:cacheprovider 2>&1 \
   | tee -a "$LOG" | tail -15
-for backend in ${BACKENDS:-cupy numpy}; do
+for backend in ${BACKENDS-cupy numpy}; do   # BACKENDS= (empty): the tests only
   echo "=== full fidelity $backend $(date -u +%H:%M:%S)" | tee -a "$LOG"
   timeout ${CUT_S:-400} python3 bench/full_fidelity.py configs/paper-h200-tp-specon.yaml --policy-backend "$backend" \
     --steps $steps --full-run-steps 2146 --max-wall-s ${MAX_WALL_S:-200} --max-memory-gb 120 \
