@@ -1,0 +1,394 @@
+"""What default fidelity costs in accuracy (issue 29 item 3): each of the 8 paper configs replayed at its own
+sampled fidelity ("default") and unsampled ("full": fidelity.policy_groups=0, fidelity.request_fraction=1.0), both
+at the same reduced scale and seed; the differences are the sampling error of a default run.
+
+Reduced scale (a full paper-scale run takes hours on 16 cores; this runs on a 2-core box): every config's
+concurrency cap is cut from its own to --cap, its request count and both KV budgets per GPU (GPU and CPU, the
+defaults HBM - weights - reserve and host x fraction / GPUs) by the same factor cap / paper cap, so the pools hold the
+same slots per running request as at paper scale (same pressure, same admitted share); the run is cut at --steps-on /
+--steps-off decode steps (spec on / off), past the first completion; 2 x cap requests (the B300 configs' own
+ratio; the H200 configs draw 256 at cap 256) so that requests wait and a steady window exists in every config. Each replay runs in
+its own interpreter (peak RSS is that process's), --jobs at once.
+
+Usage: python bench/fidelity_error.py [--cap 64] [--steps-on 160] [--steps-off 320] [--seed 0] [--jobs 2]
+                                      [--only NAMES] [--out FILE] [--write-table]
+       python bench/fidelity_error.py --add groups_all,requests_all --only NAMES   (one-knob variants, or a rerun
+                                      of default/full replays at this commit, into the JSON)
+       python bench/fidelity_error.py --summarize [--write-table]   (rebuild the table from the JSON only)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "bench" / "results" / "fidelity_error.json"
+TABLE = ROOT / "sim" / "data" / "sampling_error.json"
+CONFIGS = tuple(f"paper-{hw}-{att}-spec{spec}" for hw in ("h200", "b300") for att in ("dp", "tp")
+                for spec in ("on", "off"))
+FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
+# One knob at a time (--attribute): every group with the default's request sample; every request with its groups.
+VARIANTS = {"groups_all": ["fidelity.policy_groups=0"], "requests_all": ["fidelity.request_fraction=1.0"]}
+KEEP = ("gpu_hit_rate", "decode_throughput_tok_s", "run_throughput_tok_s", "steady_window_steps", "tpot_ms_p50",
+        "tpot_source", "sim_wall_s", "peak_rss_bytes", "est_peak_memory_bytes", "decode_steps", "completed_requests",
+        "max_admitted_concurrency", "steady_mean_concurrency", "request_sample_stride", "policy_groups_simulated",
+        "hardware", "attention", "draft_tokens", "system", "num_requests")
+
+
+def scale_overrides(config: Path, cap: int, steps_on: int, steps_off: int, seed: int = 0) -> tuple[list[str], dict]:
+    """The --set overrides that scale one paper config down to `cap`, and what they did (for the JSON)."""
+    from sim.config import build, load_config
+    from sim.systems import budget_for
+
+    cfg = build(load_config(config, []))
+    budget = budget_for(cfg)
+    factor = cap / cfg.workload.max_concurrency
+    steps = steps_on if cfg.spec.draft_tokens > 0 else steps_off
+    requests = 2 * cap  # requests wait at any admission ceiling, so each run has a steady window
+    sets = [f"workload.max_concurrency={cap}", f"workload.num_requests={requests}", f"workload.max_steps={steps}",
+            f"workload.seed={seed}",
+            f"memory.gpu_kv_bytes_per_gpu={budget.gpu_kv_bytes_per_gpu * factor!r}",
+            f"memory.cpu_kv_bytes_per_gpu={budget.cpu_kv_bytes_per_gpu * factor!r}"]
+    paper = {"max_concurrency": cfg.workload.max_concurrency, "num_requests": cfg.workload.num_requests,
+             "gpu_kv_bytes_per_gpu": budget.gpu_kv_bytes_per_gpu, "cpu_kv_bytes_per_gpu": budget.cpu_kv_bytes_per_gpu,
+             "fidelity": cfg.raw["fidelity"]}
+    return sets, {"factor": factor, "paper": paper, "overrides": sets}
+
+
+def child(payload: str) -> int:
+    """One replay in this process: prints the kept metrics as one JSON line."""
+    import sim
+
+    args = json.loads(payload)
+    m = sim.replay(args["config"], overrides=args["overrides"], policy_workers=1)
+    print("RESULT " + json.dumps({k: m.get(k) for k in KEEP}), flush=True)
+    return 0
+
+
+def _start(key: str, config: Path, sets: list[str]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "RAY_ADDRESS": ""}
+    payload = json.dumps({"config": str(config), "overrides": sets})
+    proc = subprocess.Popen([sys.executable, __file__, "--child", payload], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return {"key": key, "proc": proc, "t0": time.perf_counter(), "overrides": sets}
+
+
+def _finish(job: dict) -> dict:
+    out, _ = job["proc"].communicate()
+    rec = {"wall_s": round(time.perf_counter() - job["t0"], 2), "overrides": job["overrides"]}
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if job["proc"].returncode == 0 and lines:
+        return rec | {"status": "ok", "metrics": json.loads(lines[-1][7:])}
+    return rec | {"status": "error", "error": f"exit {job['proc'].returncode}", "log_tail": out.splitlines()[-5:]}
+
+
+def _mem_available_gb() -> float:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1e6
+    return float("inf")
+
+
+def run_all(todo: list[tuple[str, Path, list[str]]], jobs: int, min_free_gb: float, on_record) -> None:
+    """Run the replays `jobs` at a time (a second starts only while `min_free_gb` is available)."""
+    queue, running = list(todo), []
+    while queue or running:
+        while queue and len(running) < jobs and (not running or _mem_available_gb() >= min_free_gb):
+            running.append(_start(*queue.pop(0)))
+        for job in list(running):
+            if job["proc"].poll() is not None:
+                running.remove(job)
+                on_record(job["key"], _finish(job))
+        time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------------------------- the table
+def _pct(a, b):
+    return None if a is None or b in (None, 0) else (a / b - 1.0) * 100.0
+
+
+def _sampled_per_space(dm: dict, fm: dict) -> int:
+    """Requests the default simulates per admission space in the steady window: max(1, round(n / k)) of the n a
+    space runs (sim/systems.RunBound.stride), n = steady running / spaces (DP: the paper configs' 8 ranks)."""
+    n = fm["steady_mean_concurrency"] / (8 if fm["attention"] == "dp" else 1)
+    return max(1, int(n / dm["request_sample_stride"] + 0.5))
+
+
+def table_rows(records: dict) -> list[dict]:
+    """One row per config with both replays ok: default and full figures, and default - full."""
+    rows = []
+    for name in CONFIGS:
+        d, f = records.get(f"{name}/default", {}), records.get(f"{name}/full", {})
+        if d.get("status") != "ok" or f.get("status") != "ok":
+            continue
+        dm, fm = d["metrics"], f["metrics"]
+        rows.append({
+            "config": name, "hardware": fm["hardware"], "attention": fm["attention"],
+            "spec": fm["draft_tokens"] > 0, "system": fm["system"],
+            "hit_rate_default": dm["gpu_hit_rate"], "hit_rate_full": fm["gpu_hit_rate"],
+            "hit_rate_error_points": (dm["gpu_hit_rate"] - fm["gpu_hit_rate"]) * 100.0,
+            "tok_s_default": dm["decode_throughput_tok_s"], "tok_s_full": fm["decode_throughput_tok_s"],
+            "tok_s_error_pct": _pct(dm["decode_throughput_tok_s"], fm["decode_throughput_tok_s"]),
+            "tpot_p50_ms_default": dm["tpot_ms_p50"], "tpot_p50_ms_full": fm["tpot_ms_p50"],
+            "tpot_p50_error_pct": _pct(dm["tpot_ms_p50"], fm["tpot_ms_p50"]),
+            "steady_window_steps": fm["steady_window_steps"], "tok_s_source": fm["tpot_source"],
+            "running_full": fm["steady_mean_concurrency"], "request_sample_stride_default":
+                dm["request_sample_stride"], "sampled_per_space_default": _sampled_per_space(dm, fm),
+            "policy_groups_default": dm["policy_groups_simulated"],
+            "sim_wall_s_default": dm["sim_wall_s"], "sim_wall_s_full": fm["sim_wall_s"],
+            "peak_rss_bytes_default": dm["peak_rss_bytes"], "peak_rss_bytes_full": fm["peak_rss_bytes"]})
+    return rows
+
+
+def attribution_rows(records: dict) -> list[dict]:
+    """Per config with the one-knob variants: how much of the hit-rate error each sampled knob alone makes."""
+    rows = []
+    for name in CONFIGS:
+        recs = {v: records.get(f"{name}/{v}", {}) for v in ("default", "full", *VARIANTS)}
+        if any(r.get("status") != "ok" for r in recs.values()):
+            continue
+        hit = {v: r["metrics"]["gpu_hit_rate"] for v, r in recs.items()}
+        tok = {v: r["metrics"]["decode_throughput_tok_s"] for v, r in recs.items()}
+        rows.append({"config": name, **{f"hit_rate_{v}": h for v, h in hit.items()},
+                     "hit_error_groups_only_points": (hit["requests_all"] - hit["full"]) * 100.0,
+                     "hit_error_requests_only_points": (hit["groups_all"] - hit["full"]) * 100.0,
+                     "hit_error_both_points": (hit["default"] - hit["full"]) * 100.0,
+                     "tok_s_error_groups_only_pct": _pct(tok["requests_all"], tok["full"]),
+                     "tok_s_error_requests_only_pct": _pct(tok["groups_all"], tok["full"])})
+    return rows
+
+
+def _attribution_md(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "Attribution (`--add groups_all,requests_all`): each sampled knob alone, the other at full (hit-rate error in points, "
+             "tok/s error in %).", "",
+             "| config | groups sampled only: Δ hit / Δ tok/s | requests sampled only: Δ hit / Δ tok/s | both "
+             "(default): Δ hit |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['hit_error_groups_only_points']:+.1f} / "
+                     f"{_f(r['tok_s_error_groups_only_pct'], '+.1f')}% | {r['hit_error_requests_only_points']:+.1f} / "
+                     f"{_f(r['tok_s_error_requests_only_pct'], '+.1f')}% | {r['hit_error_both_points']:+.1f} |")
+    return lines
+
+
+def _f(v, fmt):
+    return "—" if v is None else format(v, fmt)
+
+
+def markdown(data: dict) -> str:
+    meta = data["meta"]
+    commits = sorted({r.get("commit", meta["commit"]) for r in data["records"].values()})
+    lines = [f"# Sampling error of default fidelity (reduced scale; records from commit {', '.join(commits)})", "",
+             f"{meta['date']} · `{meta['command']}` · {meta['machine']}", ""]
+    lines += [f"Then {c['date']} · `{c['command']}` (commit {c['commit']})" for c in meta.get("later_calls", [])]
+    lines += ["", meta["scale"]["description"], "",
+             "Error = default − full (hit rate in points, tok/s and TPOT p50 in %). Steady tok/s = "
+             "`decode_throughput_tok_s` over the steady window (`steady_window_steps`).", "",
+             "| config | running | k / sampled per space / groups (default) | hit rate default → full | Δ hit (pts) | steady tok/s "
+             "default → full | Δ tok/s | TPOT p50 ms default → full | Δ TPOT | window steps | wall s default / full "
+             "| peak RSS GB default / full |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["table"]:
+        lines.append(
+            f"| {r['config']} | {_f(r['running_full'], '.0f')} | {r['request_sample_stride_default']} / "
+            f"{r['sampled_per_space_default']} / "
+            f"{r['policy_groups_default']} | {r['hit_rate_default']:.3f} → {r['hit_rate_full']:.3f} | "
+            f"{r['hit_rate_error_points']:+.1f} | {_f(r['tok_s_default'], ',.0f')} → {_f(r['tok_s_full'], ',.0f')} | "
+            f"{_f(r['tok_s_error_pct'], '+.1f')}% | {_f(r['tpot_p50_ms_default'], '.2f')} → "
+            f"{_f(r['tpot_p50_ms_full'], '.2f')} | {_f(r['tpot_p50_error_pct'], '+.1f')}% | "
+            f"{r['steady_window_steps']} | {r['sim_wall_s_default']:.1f} / {r['sim_wall_s_full']:.1f} | "
+            f"{r['peak_rss_bytes_default'] / 1e9:.2f} / {r['peak_rss_bytes_full'] / 1e9:.2f} |")
+    lines += _attribution_md(data.get("attribution", []))
+    for key, olds in sorted(data.get("superseded", {}).items()):
+        lines += [""] if key == min(data["superseded"]) else []
+        lines += [f"Superseded: {key} at commit {o['commit']}: hit {o['metrics']['gpu_hit_rate']:.3f}, steady tok/s "
+                  f"{o['metrics']['decode_throughput_tok_s']:,.0f} (replaced by a rerun at commit "
+                  f"{data['records'][key].get('commit')}; {meta.get('superseded_note', '')})" for o in olds]
+    bad = {k: v for k, v in data["records"].items() if v.get("status") != "ok"}
+    if bad:
+        lines += ["", "Replays without a result:", ""] + [f"- {k}: {v.get('error')}" for k, v in sorted(bad.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _other_seeds(extra: list[Path]) -> dict:
+    """config -> the errors of the same study at other seeds (--table-extra files), for the table's spread."""
+    out: dict = {}
+    for path in extra:
+        other = json.loads(path.read_text())
+        for r in other["table"]:
+            out.setdefault(r["config"], []).append(
+                {"seed": other["meta"]["scale"].get("seed"), "source": str(path.resolve().relative_to(ROOT)),
+                 **{k: r[k] for k in ("hit_rate_error_points", "tok_s_error_pct", "tpot_p50_error_pct")}})
+    return out
+
+
+def write_table(data: dict, path: Path, extra: list[Path] = ()) -> None:
+    """The lookup table sim/sampling_error.py reads: per config its match keys, errors and provenance."""
+    meta = data["meta"]
+    others = _other_seeds(list(extra))
+    keep = ("hardware", "attention", "spec", "system", "config", "hit_rate_error_points", "tok_s_error_pct",
+            "tpot_p50_error_pct", "hit_rate_default", "hit_rate_full", "tok_s_default", "tok_s_full",
+            "steady_window_steps", "request_sample_stride_default", "sampled_per_space_default",
+            "policy_groups_default")
+    commits = sorted({r.get("commit", meta["commit"]) for r in data["records"].values()})
+    date = max([meta["date"]] + [c["date"] for c in meta.get("later_calls", [])])  # the last call that ran replays
+    table = {"source": "bench/results/fidelity_error.json", "date": date, "commit": ", ".join(commits),
+             "scale": meta["scale"]["summary"],
+             "definition": "error = default-fidelity figure - full-fidelity figure of the same reduced-scale run: "
+                           "hit rate in points, steady tok/s and TPOT p50 in percent",
+             "rows": [{**{k: r[k] for k in keep},
+                       "default_fidelity": meta["scale"]["per_config"][r["config"]]["paper"]["fidelity"],
+                       "other_seeds": others.get(r["config"], [])}
+                      for r in data["table"]]}
+    _atomic(path, json.dumps(table, indent=1) + "\n")
+
+
+def _atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save(data: dict, out: Path) -> None:
+    data["table"] = table_rows(data["records"])
+    data["attribution"] = attribution_rows(data["records"])
+    _atomic(out, json.dumps(data, indent=1) + "\n")
+    _atomic(out.with_suffix(".md"), markdown(data))
+
+
+# ----------------------------------------------------------------------------------------------- main
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _meta(args, scales: dict) -> dict:
+    summary = (f"cap {args.cap} (paper 256), {2 * args.cap} requests, GPU/CPU KV budgets per GPU x {args.cap}/256, "
+               f"max_steps {args.steps_on} (spec on) / {args.steps_off} (off), seed {args.seed}, 1 policy process")
+    desc = ("Reduced scale, not the paper scale: " + summary + ". Why: a full-fidelity replay at paper scale takes "
+            "~2.2 h on 16 cores; scaling the cap and both KV budgets by the same factor keeps the pool "
+            "slots per running request (the cache pressure) and the share admitted as at paper scale; 2 x cap "
+            "requests (B300's own ratio; H200's configs draw 256 at cap 256, which at this scale would all be "
+            "admitted at once in 3 of 4 H200 configs) make requests wait, and the step bound keeps each run past its "
+            "first completion, so a steady window exists. What it does not keep: the running requests per admission "
+            "space, so the default samples max(1, round(n / 16)) of a space's n: here 1 per DP rank (n = 8) and 2-4 "
+            "under TP (n = 36-64); at paper scale a space runs up to 4x as many, and the default samples up to 4x as "
+            "many requests per space.")
+    return {"bench": "fidelity_error",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", "bench/fidelity_error.py", *sys.argv[1:]]), "commit": _commit(),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                        "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
+                        "load_avg_before": os.getloadavg()},
+            "scale": {"summary": summary, "description": desc, "cap": args.cap, "steps_on": args.steps_on,
+                      "steps_off": args.steps_off, "seed": args.seed, "per_config": scales},
+            "full_overrides": FULL}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cap", type=int, default=64, help="concurrency cap of every replay (paper: 256)")
+    ap.add_argument("--steps-on", type=int, default=160, help="max_steps with draft tokens")
+    ap.add_argument("--steps-off", type=int, default=320, help="max_steps without draft tokens")
+    ap.add_argument("--seed", type=int, default=0, help="workload.seed of every replay (the configs': 0)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--min-free-gb", type=float, default=10.0, help="start another replay only above this free")
+    ap.add_argument("--only", default="", help="comma-separated config names (default: all 8)")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--summarize", action="store_true", help="rebuild the table from --out only")
+    ap.add_argument("--table-extra", action="append", default=[], type=Path,
+                    help="with --write-table: the same study at another seed, listed per row as other_seeds")
+    ap.add_argument("--add", default="", help="comma-separated replays of --only's configs (default, full, "
+                    "groups_all, requests_all) to (re)run into --out, which must hold the study (its scale)")
+    ap.add_argument("--write-table", action="store_true", help=f"also write {TABLE.relative_to(ROOT)}")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args.child)
+    out = Path(args.out)
+    if args.summarize:
+        data = json.loads(out.read_text())
+    elif args.add:
+        data = run_added(args, out)
+    else:
+        data = run_study(args, out)
+    save(data, out)
+    if args.write_table:
+        write_table(data, TABLE, args.table_extra)
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+def run_study(args, out: Path) -> dict:
+    """Every config's default and full replay, full ones first (the longest), saved as each ends."""
+    names = [n for n in args.only.split(",") if n] or list(CONFIGS)
+    scales = {n: scale_overrides(ROOT / "configs" / f"{n}.yaml", args.cap, args.steps_on, args.steps_off, args.seed)
+              for n in names}
+    data = {"meta": _meta(args, {n: s[1] for n, s in scales.items()}), "records": {}}
+    todo = [(f"{n}/full", ROOT / "configs" / f"{n}.yaml", scales[n][0] + FULL)
+            for n in sorted(names, key=lambda n: "b300" not in n)]  # B300 admits more: the longest first
+    todo += [(f"{n}/default", ROOT / "configs" / f"{n}.yaml", scales[n][0]) for n in names]
+
+    def on_record(key: str, rec: dict) -> None:
+        data["records"][key] = rec | {"commit": _commit()}
+        data["meta"]["load_avg_after"] = os.getloadavg()
+        save(data, out)
+        m = rec.get("metrics", {})
+        print(f"{key:28s} {rec['status']:6s} {rec['wall_s']:7.1f} s  hit {m.get('gpu_hit_rate', 0) or 0:.3f}  "
+              f"tok/s {m.get('decode_throughput_tok_s', 0) or 0:8.0f}  window {m.get('steady_window_steps')}  "
+              f"rss {(m.get('peak_rss_bytes') or 0) / 1e9:.2f} GB {rec.get('error', '')}", flush=True)
+
+    run_all(todo, args.jobs, args.min_free_gb, on_record)
+    return data
+
+
+def _simulated(rec: dict) -> dict:
+    """A record's simulated figures (what a rerun at the same commit reproduces: not wall time or memory)."""
+    return {k: v for k, v in (rec.get("metrics") or {}).items()
+            if k not in ("sim_wall_s", "peak_rss_bytes", "est_peak_memory_bytes")}
+
+
+def run_added(args, out: Path) -> dict:
+    """Replays of the named configs (a one-knob variant, or a rerun at this commit) merged into the study in --out
+    at the scale it ran; each record names its commit."""
+    data = json.loads(out.read_text())
+    scale = data["meta"]["scale"]
+    extras = {"default": [], "full": FULL, **VARIANTS}
+    todo = []
+    for name in [n for n in args.only.split(",") if n] or list(CONFIGS):
+        sets = scale["per_config"][name]["overrides"]
+        todo += [(f"{name}/{v}", ROOT / "configs" / f"{name}.yaml", sets + extras[v]) for v in args.add.split(",")]
+    data["meta"].setdefault("later_calls", []).append(
+        {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+         "command": " ".join(["python", "bench/fidelity_error.py", *sys.argv[1:]]), "load_avg_before": os.getloadavg()})
+
+    def on_record(key: str, rec: dict) -> None:
+        old = data["records"].get(key)
+        if old and _simulated(old) != _simulated(rec):  # a rerun whose results moved: the old record stays, named
+            data.setdefault("superseded", {}).setdefault(key, []).append(
+                old | {"commit": old.get("commit", data["meta"]["commit"])})
+        data["records"][key] = rec | {"commit": _commit()}
+        save(data, out)
+        print(f"{key:34s} {rec['status']:6s} {rec['wall_s']:7.1f} s  hit "
+              f"{rec.get('metrics', {}).get('gpu_hit_rate', 0) or 0:.3f}", flush=True)
+
+    run_all(todo, args.jobs, args.min_free_gb, on_record)
+    return data
+
+
+if __name__ == "__main__":
+    sys.exit(main())

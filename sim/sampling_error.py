@@ -1,0 +1,64 @@
+"""The measured sampling error of a sampled-fidelity run (issue 29 item 3), for its metrics.
+
+A replay at default fidelity samples indexer groups and requests (sim/policy.py, docs/cost-model.md "What is
+sampled"). How far that moves its figures was measured by `bench/fidelity_error.py`: each paper config replayed at
+its own sampled fidelity and unsampled, at one reduced scale and seed, the difference written to
+`sim/data/sampling_error.json` (`--write-table`). `sampling_error(cfg)` returns the row of that table whose
+measured configuration matches the run (hardware preset, attention, speculative decoding on/off, system), with the
+table's provenance, so a default run states the error a run like it was measured to have. It is one measurement of
+one seed at one reduced scale, not a bound: the returned dict says so (`scale`, `fidelity_matches`), with the same
+measurement at other seeds where the table has them (`other_seeds`: the spread between seeds is of the same size).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+TABLE_PATH = Path(__file__).resolve().parent / "data" / "sampling_error.json"
+ERROR_KEYS = ("hit_rate_error_points", "tok_s_error_pct", "tpot_p50_error_pct")
+
+
+@lru_cache(maxsize=4)
+def load_table(path: Path = TABLE_PATH) -> dict:
+    """The committed table (rows + provenance); cached per path."""
+    table = json.loads(Path(path).read_text())
+    for key in ("source", "date", "scale", "rows"):
+        if key not in table:
+            raise ValueError(f"{path}: sampling-error table lacks {key!r}")
+    return table
+
+
+def is_sampled(cfg) -> bool:
+    """Whether the run samples the policy's work (fewer groups, a share of the requests, or skipped steps)."""
+    fid = cfg.fidelity
+    fraction = 1.0 if fid.request_fraction is None else fid.request_fraction
+    return fid.policy_groups != 0 or fraction < 1.0 or fid.step_stride > 1
+
+
+def _key(hardware: str, attention: str, spec: bool, system: str) -> tuple:
+    return (str(hardware), str(attention), bool(spec), str(system))
+
+
+def sampling_error(cfg, path: Path = TABLE_PATH) -> dict | None:
+    """The measured error (default - full) of the matching configuration with its provenance; None for an
+    unsampled run, a configuration that was not measured, or a missing table."""
+    if not is_sampled(cfg):
+        return None
+    try:
+        table = load_table(Path(path))
+    except FileNotFoundError:
+        return None
+    want = _key(cfg.hardware.name, cfg.attention, cfg.spec.draft_tokens > 0, cfg.system)
+    row = next((r for r in table["rows"]
+                if _key(r["hardware"], r["attention"], r["spec"], r["system"]) == want), None)
+    if row is None:
+        return None
+    fid = cfg.fidelity
+    measured = row.get("default_fidelity") or {}
+    same = bool(measured) and all(measured.get(k) == getattr(fid, k) for k in measured)
+    return {**{k: row.get(k) for k in ERROR_KEYS},
+            "measured_config": row.get("config"), "measured_fidelity": measured, "fidelity_matches": same,
+            "other_seeds": [{k: o.get(k) for k in ("seed", *ERROR_KEYS)} for o in row.get("other_seeds", [])],
+            "source": table["source"], "date": table["date"], "commit": table.get("commit"),
+            "scale": table["scale"], "definition": table.get("definition")}

@@ -1,0 +1,78 @@
+"""sim/sampling_error.py: the measured sampling error a sampled run states, and the committed table's provenance."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.config import build, load_config
+from sim.sampling_error import TABLE_PATH, is_sampled, load_table, sampling_error
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
+
+
+def _cfg(name: str, sets=()):
+    return build(load_config(ROOT / "configs" / f"{name}.yaml", list(sets)))
+
+
+def _table(tmp_path: Path, rows: list[dict]) -> Path:
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"source": "bench/results/fidelity_error.json", "date": "2026-12-06",
+                                "commit": "abc", "scale": "cap 8", "definition": "default - full", "rows": rows}))
+    return path
+
+
+ROW = {"hardware": "h200", "attention": "tp", "spec": True, "system": "ulacache", "config": "paper-h200-tp-specon",
+       "hit_rate_error_points": 12.5, "tok_s_error_pct": 7.0, "tpot_p50_error_pct": -6.0,
+       "default_fidelity": {"policy_groups": 2, "request_fraction": 0.0625, "step_stride": 1, "pilot_steps": 4}}
+
+
+def test_match_returns_the_row_and_its_provenance(tmp_path):
+    path = _table(tmp_path, [ROW, {**ROW, "spec": False, "config": "paper-h200-tp-specoff", "tok_s_error_pct": 1.0}])
+    got = sampling_error(_cfg("paper-h200-tp-specon"), path)
+    assert got["hit_rate_error_points"] == 12.5 and got["tok_s_error_pct"] == 7.0
+    assert got["measured_config"] == "paper-h200-tp-specon" and got["fidelity_matches"] is True
+    assert got["source"] == "bench/results/fidelity_error.json" and got["date"] == "2026-12-06"
+    assert got["scale"] == "cap 8"
+    other = sampling_error(_cfg("paper-h200-tp-specon", ["fidelity.request_fraction=0.125"]), path)
+    assert other["fidelity_matches"] is False and other["tok_s_error_pct"] == 7.0
+
+
+def test_no_match_and_full_run_give_none(tmp_path):
+    path = _table(tmp_path, [ROW])
+    assert sampling_error(_cfg("paper-h200-tp-specon", ["system=sglang"]), path) is None
+    assert sampling_error(_cfg("paper-b300-tp-specon"), path) is None
+    assert sampling_error(_cfg("paper-h200-dp-specon"), path) is None
+    assert sampling_error(_cfg("paper-h200-tp-specoff"), path) is None
+    full = _cfg("paper-h200-tp-specon", FULL)
+    assert not is_sampled(full) and sampling_error(full, path) is None
+    assert sampling_error(_cfg("paper-h200-tp-specon"), tmp_path / "missing.json") is None
+
+
+def test_any_sampling_knob_counts_as_sampled():
+    assert is_sampled(_cfg("paper-h200-tp-specon", ["fidelity.policy_groups=0"]))  # request_fraction 1/16
+    assert is_sampled(_cfg("paper-h200-tp-specon", ["fidelity.request_fraction=1.0"]))  # 2 groups
+    assert is_sampled(_cfg("paper-h200-tp-specon", FULL + ["fidelity.step_stride=2"]))
+
+
+def test_committed_table_names_its_source_and_covers_the_paper_configs():
+    table = load_table(TABLE_PATH)
+    assert (ROOT / table["source"]).is_file(), table["source"]
+    assert table["date"] and table["scale"] and table["commit"]
+    names = {r["config"] for r in table["rows"]}
+    assert names == {f"paper-{hw}-{att}-spec{s}" for hw in ("h200", "b300") for att in ("dp", "tp")
+                     for s in ("on", "off")}
+    source = json.loads((ROOT / table["source"]).read_text())
+    by_config = {r["config"]: r for r in source["table"]}
+    for row in table["rows"]:  # the lookup table is the bench's result, not numbers typed in
+        assert row["hit_rate_error_points"] == pytest.approx(by_config[row["config"]]["hit_rate_error_points"])
+        assert row["tok_s_error_pct"] == pytest.approx(by_config[row["config"]]["tok_s_error_pct"])
+
+
+@pytest.mark.parametrize("name", ["paper-h200-tp-specon", "paper-b300-dp-specoff"])
+def test_each_paper_config_finds_its_own_row(name):
+    got = sampling_error(_cfg(name))
+    assert got is not None and got["measured_config"] == name and got["fidelity_matches"] is True
+    assert (ROOT / got["source"]).is_file()
