@@ -20,6 +20,7 @@ from sim.events import TraceRecorder
 from sim.group_workers import resolve_processes
 from sim.hardware import events_scheduled
 from sim.policy_backend import resolve as resolve_backend
+from sim.sampling_error import sampling_error
 from sim.systems import RunBound, budget_for, system_for_workload
 
 
@@ -135,6 +136,8 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
     return {**_run_metrics(cfg, system, engine), **_capacity_metrics(cfg, system.capacity, budget, engine.state.peak),
             **_sampling_metrics(engine, wall_s),
             **engine.prefill.metrics(),  # prefill mode, prompt host bytes, TTFT when timed (sim/prefill.py)
+            # what a run sampled like this one was measured to be off by (None: full fidelity or not measured)
+            "sampling_error": sampling_error(cfg),
             "cost_model": costs.provenance}
 
 
