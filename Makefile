@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-gpu bench bench-paper docs lint clean browser
+.PHONY: help install demo test test-gpu bench bench-fidelity bench-paper docs lint clean browser
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ bench: $(STAMP)  ## run the CPU benchmarks (BENCH="policy ..." for some), JSON u
 	  scale) cmd="bench/scale_bench.py --only pinned,batch1,paper";; \
 	  *) echo "unknown benchmark $$b"; exit 2;; esac; \
 	  echo "== $$cmd"; $(BIN)/python $$cmd || exit 1; done
+
+bench-fidelity: $(STAMP)  ## sampling error of default fidelity, 8 paper configs at reduced scale (~50 min on 2 cores)
+	$(BIN)/python bench/fidelity_error.py --cap 64 --steps-on 160 --steps-off 320 --jobs 2
 
 bench-paper: $(STAMP)  ## the paper-config peaks (108 replays, ~6 min on 2 cores): bench/results/paper_configs_<label>.json
 	$(BIN)/python bench/paper_configs.py --label $(or $(LABEL),current) --model glm-5.2 --b300-extra-caps 512

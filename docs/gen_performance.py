@@ -188,6 +188,19 @@ def paper_configs() -> tuple[str, list[str]] | None:
     return path.name, [note, ""] + rows
 
 
+def fidelity_error(d: dict) -> list[str]:
+    """Default vs full fidelity per paper config (reduced scale: the JSON's `meta.scale`)."""
+    rows = [f"Reduced scale: {d.get('meta', {}).get('scale', {}).get('summary', '?')}. Error = default - full.", "",
+            "| config | hit rate default / full | error (points) | steady tok/s default / full | error | "
+            "wall s default / full |", "|---|---|---|---|---|---|"]
+    for r in d.get("table", []):
+        rows.append(f"| {r['config']} | {_f(r.get('hit_rate_default'), 3)} / {_f(r.get('hit_rate_full'), 3)} | "
+                    f"{_f(r.get('hit_rate_error_points'), 1)} | {_f(r.get('tok_s_default'), 0)} / "
+                    f"{_f(r.get('tok_s_full'), 0)} | {_f(r.get('tok_s_error_pct'), 1)}% | "
+                    f"{_f(r.get('sim_wall_s_default'), 1)} / {_f(r.get('sim_wall_s_full'), 0)} |")
+    return rows
+
+
 SUITE = (  # (title, script, result file, renderer)
     ("Policy library: access batch speed and hit-rate gap", "policy_bench.py", "policy.json", policy),
     ("Policy library: pools follow use, not budgets", "pool_scale_bench.py", "pool_scale.json", pool_scale),
@@ -198,6 +211,7 @@ SUITE = (  # (title, script, result file, renderer)
     ("Simulator: peak-memory estimate accuracy", "footprint_accuracy.py", "footprint_accuracy.json", footprint),
     ("Simulator: PB-LRU vs exact LRU in a replay", "pblru_gap.py", "pblru_gap.json", pblru_gap),
     ("Simulator: scale targets", "scale_bench.py", "scale.json", scale),
+    ("Simulator: sampling error of default fidelity", "fidelity_error.py", "fidelity_error.json", fidelity_error),
 )
 
 
