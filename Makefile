@@ -45,7 +45,7 @@ bench: $(STAMP)  ## run the CPU benchmarks (BENCH="policy ..." for some), JSON u
 	  *) echo "unknown benchmark $$b"; exit 2;; esac; \
 	  echo "== $$cmd"; $(BIN)/python $$cmd || exit 1; done
 
-bench-fidelity: $(STAMP)  ## sampling error of default fidelity, 8 paper configs at reduced scale (~50 min on 2 cores)
+bench-fidelity: $(STAMP)  ## sampling error of default fidelity, 8 paper configs at reduced scale (about an hour on 2 cores)
 	$(BIN)/python bench/fidelity_error.py --cap 64 --steps-on 160 --steps-off 320 --jobs 2
 
 bench-paper: $(STAMP)  ## the paper-config peaks (108 replays, ~6 min on 2 cores): bench/results/paper_configs_<label>.json
