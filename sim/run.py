@@ -136,9 +136,16 @@ def metrics_of(cfg: SimConfig, system, budget, engine: Engine, wall_s: float, co
     return {**_run_metrics(cfg, system, engine), **_capacity_metrics(cfg, system.capacity, budget, engine.state.peak),
             **_sampling_metrics(engine, wall_s),
             **engine.prefill.metrics(),  # prefill mode, prompt host bytes, TTFT when timed (sim/prefill.py)
-            # what a run sampled like this one was measured to be off by (None: full fidelity or not measured)
-            "sampling_error": sampling_error(cfg),
+            **_sampling_error(cfg),
             "cost_model": costs.provenance}
+
+
+def _sampling_error(cfg: SimConfig) -> dict:
+    """{"sampling_error": what a run sampled like this one was measured to be off by}, or {} for a full run or an
+    unmeasured configuration (a key that is None in some runs and not in others moved a sweep table's columns on
+    resume, as policy_probe_step_ms did)."""
+    err = sampling_error(cfg)
+    return {} if err is None else {"sampling_error": err}
 
 
 def _run_metrics(cfg: SimConfig, system, engine: Engine) -> dict:
