@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from sim.footprint import mem_available_bytes
+from traces.atomic import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "fidelity_error.json"
@@ -91,19 +94,11 @@ def _finish(job: dict) -> dict:
     return rec | {"status": "error", "error": f"exit {job['proc'].returncode}", "log_tail": out.splitlines()[-5:]}
 
 
-def _mem_available_gb() -> float:
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1e6
-    return float("inf")
-
-
 def run_all(todo: list[tuple[str, Path, list[str]]], jobs: int, min_free_gb: float, on_record) -> None:
     """Run the replays `jobs` at a time (a second starts only while `min_free_gb` is available)."""
     queue, running = list(todo), []
     while queue or running:
-        while queue and len(running) < jobs and (not running or _mem_available_gb() >= min_free_gb):
+        while queue and len(running) < jobs and (not running or mem_available_bytes() / 1e9 >= min_free_gb):
             running.append(_start(*queue.pop(0)))
         for job in list(running):
             if job["proc"].poll() is not None:
@@ -250,21 +245,16 @@ def write_table(data: dict, path: Path, extra: list[Path] = ()) -> None:
                        "default_fidelity": meta["scale"]["per_config"][r["config"]]["paper"]["fidelity"],
                        "other_seeds": others.get(r["config"], [])}
                       for r in data["table"]]}
-    _atomic(path, json.dumps(table, indent=1) + "\n")
-
-
-def _atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(table, indent=1) + "\n")
 
 
 def save(data: dict, out: Path) -> None:
     data["table"] = table_rows(data["records"])
     data["attribution"] = attribution_rows(data["records"])
-    _atomic(out, json.dumps(data, indent=1) + "\n")
-    _atomic(out.with_suffix(".md"), markdown(data))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(data, indent=1) + "\n")
+    atomic_write_text(out.with_suffix(".md"), markdown(data))
 
 
 # ----------------------------------------------------------------------------------------------- main

@@ -2,9 +2,9 @@
 backend, cut at a few decode-step counts; wall time, peak host RSS and peak device memory of each, in a fresh process.
 
 The cut runs share admission and the first step, so the difference of two cuts' wall times is the time of their
-extra decode steps (`s_per_decode_step`); times the full run's decode steps (`--full-run-steps`, default: the config's
-own default-fidelity decode steps, from a replay of it in this bench when `--reference` is given) it estimates a
-whole run against the 10-minute target. A run that completes within `--max-wall-s` is measured outright.
+extra decode steps (`s_per_decode_step`); with the whole run's decode steps (`--full-run-steps`, e.g. the
+decode_steps of a default-fidelity replay of the config) it estimates a whole run against the 10-minute target. A
+cut of 0 steps runs the whole replay, measured outright if it ends within `--max-wall-s`.
 
 Usage: python bench/full_fidelity.py [CONFIG] --policy-backend cupy --steps 2 6 [--policy-workers N]
            [--full-run-steps 2146] [--out bench/results/full_fidelity.json]
@@ -21,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from sim.group_workers import usable_cores
+from sim.policy_backend import CHOICES
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
 KEEP = ("decode_steps", "completed_requests", "max_admitted_concurrency", "gpu_hit_rate", "decode_throughput_tok_s",
         "policy_calls", "policy_groups_simulated", "request_sample_stride", "policy_backend", "policy_processes",
@@ -103,7 +105,7 @@ def main() -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", type=Path, default=ROOT / "configs" / "paper-h200-tp-specon.yaml")
-    p.add_argument("--policy-backend", default="auto", choices=("numpy", "cupy", "torch", "auto"))
+    p.add_argument("--policy-backend", default="auto", choices=CHOICES)
     p.add_argument("--policy-workers", type=int, default=None, help="numpy only (default: the usable cores)")
     p.add_argument("--steps", type=int, nargs="*", default=[2, 6],
                    help="decode-step cuts (0 = the whole run)")
@@ -125,7 +127,7 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=ROOT).stdout.strip() or None,
-        "machine": {"host": platform.node(), "python": platform.python_version(), "cpus": _cpus()},
+        "machine": {"host": platform.node(), "python": platform.python_version(), "cpus": usable_cores()},
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
         "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
     }
@@ -133,15 +135,6 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["derived"]))
     return 0
-
-
-def _cpus() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sim.footprint import mem_available_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE, ATTENTION, DRAFTS = ("h200", "b300"), ("dp", "tp"), (4, 0)
 SYSTEMS, CAPS = ("sglang", "hisparse", "ulacache"), (1, 16, 64, 256)
@@ -228,17 +230,6 @@ def compare_markdown(a: dict, b: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- running
-def _mem_available_gb() -> float:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1e6
-    except OSError:
-        pass
-    return float("inf")
-
-
 def _rss_gb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -306,11 +297,11 @@ def run_all(runs: list[dict], tree: Path, args, on_record) -> None:
                 for run in queue:
                     on_record(run["key"], {"status": "not run", "error": "deadline reached before it started"})
                 queue = []
-            if running and _mem_available_gb() < args.mem_reserve_gb:
+            if running and mem_available_bytes() / 1e9 < args.mem_reserve_gb:
                 victim = max((j for j in running if j["killed"] is None), key=lambda j: _rss_gb(j["proc"].pid),
                              default=None)
                 if victim is not None:
-                    victim["killed"] = (f"killed by this script: machine memory low ({_mem_available_gb():.1f} GB "
+                    victim["killed"] = (f"killed by this script: machine memory low ({mem_available_bytes() / 1e9:.1f} GB "
                                         f"available, RSS {_rss_gb(victim['proc'].pid):.1f} GB)")
                     victim["proc"].kill()
             for job in list(running):

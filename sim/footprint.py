@@ -84,7 +84,8 @@ def _statm() -> tuple[int, int]:
         return 0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _mem_available() -> float:
+def mem_available_bytes() -> float:
+    """MemAvailable of /proc/meminfo in bytes (inf where unreadable): what the machine can still give."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -98,7 +99,7 @@ def _mem_available() -> float:
 def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
     """(limit, what sets it): --max-memory-gb, the machine's available memory, or an address-space rlimit."""
     vsize, rss = _statm()
-    options = [(_mem_available() + rss, "available on this machine")]
+    options = [(mem_available_bytes() + rss, "available on this machine")]
     if max_memory_gb is not None:
         if not max_memory_gb > 0:
             raise ValueError(f"--max-memory-gb must be > 0, got {max_memory_gb}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.policy_backend import CHOICES as POLICY_BACKENDS
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -30,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--policy-workers", type=int, default=None, metavar="N",
                    help="processes the simulated indexer groups run in (default $ULACACHE_POLICY_WORKERS, else the "
                    "usable cores); every metric but the wall time is the same for any N")
-    p.add_argument("--policy-backend", choices=("numpy", "cupy", "torch", "auto"), default=None,
+    p.add_argument("--policy-backend", choices=POLICY_BACKENDS, default=None,
                    help="array backend the policy caches run on (default $ULACACHE_POLICY_BACKEND, else numpy; auto: "
                    "cupy where a CUDA device is usable, else numpy); every metric but the wall time is the same on any")
     p.set_defaults(func=_replay)
