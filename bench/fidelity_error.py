@@ -311,7 +311,11 @@ def main(argv=None) -> int:
         return child(args.child)
     out = Path(args.out)
     if args.summarize:
-        data = json.loads(out.read_text())
+        try:
+            data = json.loads(out.read_text())
+        except (OSError, ValueError) as e:  # missing or not JSON: one line, not a traceback
+            print(f"fidelity_error: cannot summarize {out}: {e}", file=sys.stderr)
+            return 2
     elif args.add:
         data = run_added(args, out)
     else:

@@ -211,7 +211,10 @@ def _sampling_metrics(engine: Engine, wall_s: float) -> dict:
     return {
         "policy_groups_simulated": len(runner.groups) if runner else 0,
         "policy_group_ids": [int(g) for g in runner.groups] if runner else [],
-        "request_sample_stride": runner.k if runner else 1,
+        "request_sample_stride": runner.k if runner else 1,  # nominal k (fidelity.request_fraction)
+        # the stride pools are scaled by and requests sampled at (RunBound.stride): a space simulates ~1 in this many
+        # of its running requests, at least one, so it exceeds k where a space runs few requests
+        "request_sample_stride_effective": float(runner.ks) if runner else 1.0,
         "policy_calls": runner.policy_calls if runner else 0,
         "policy_batch_splits": runner.capacity_splits if runner else 0,
         # events of the per-rank simulation: those of groups the timer computed in closed form are counted as
