@@ -33,6 +33,7 @@ class AddressIndex:
     def __init__(self, space, be, num_ranks: int):
         self.space, self.be, self.num_ranks = space, be, num_ranks
         self._rows_key, self._rows_tables, self._rows_lists = None, None, None  # row_tables' cache (+ as lists)
+        self._marker = None  # a device backend's own dedup marker (all False between accesses), kept on the device
 
     # -- addresses and places ------------------------------------------------------------------------------------------
     def addresses(self, addrs, what: str, allow_padding: bool = False) -> np.ndarray:
@@ -151,14 +152,24 @@ class AddressIndex:
         backend (the scatter marker over storage), turned back into addresses."""
         be, space = self.be, self.space
         ix = self.storage_index(flat, "selected", allow_padding=True, hi=hi)
-        uix, scratch = be.dedup(be.asarray(ix), be.asarray(space.scratch))
-        space.scratch = be.to_numpy(scratch)
+        uix, _ = be.dedup(be.asarray(ix), self._dedup_marker(space.rows.size + 1))  # (left all False: in place)
         uix = be.to_numpy(uix)
-        places = be.to_numpy(be.gather(be.asarray(space.table), be.asarray(uix)))
+        places = space.table.take(uix)  # batch-sized on the host: the table stays where the facade keeps it
         uniq = space.rows.ids(uix)
         check_allocated(uniq, places, "selected")
         num_refs = flat.size if lo >= 0 else int(flat.size - np.count_nonzero(flat == -1))  # -1 pads
         return uniq, uix, places, num_refs
+
+    def _dedup_marker(self, n: int):
+        """The dedup marker of at least `n` entries: numpy shares the process's (AddressSpace.scratch); a device
+        backend keeps its own on the device (all False between accesses, so it never travels: copying the
+        storage-sized marker in and out of the device cost more than the dedup)."""
+        if self.be.name == "numpy":
+            return self.space.scratch
+        if self._marker is None or self._marker.shape[0] < n:
+            held = 0 if self._marker is None else self._marker.shape[0]
+            self._marker = self.be.asarray(np.zeros(max(n, 2 * held), dtype=bool))
+        return self._marker[:n]
 
     def _sorted_index(self, a: np.ndarray) -> tuple[np.ndarray, list]:
         """Storage positions of ascending, in-range, distinct addresses (ValueError for one never handed out), and
