@@ -252,6 +252,8 @@ def add_hisparse(calib: dict, path: str) -> None:
     call, CUDA-graph replayed behind a busy stream (hw/hisparse_graph.py). Keys the simulator does not know yet end
     under provenance.pending_costs (write_accepted)."""
     res = json.loads(Path(path).read_text())
+    if "costs" not in res:  # a run cut short saves what it measured (hisparse_bench.run), but derives no costs
+        raise ValueError(f"{path}: an incomplete `hw hisparse` run (complete: {res.get('complete')}): no costs to merge")
     costs = {k: ({int(b): float(e) for b, e in v.items()} if k.endswith("_by_batch") else v)  # JSON keys are strings
              for k, v in res["costs"].items()}
     calib["costs"].update(costs)

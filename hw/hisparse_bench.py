@@ -228,7 +228,9 @@ def derive_costs(plain: list[dict], mtp: list[dict], planned: list[dict], h2d_bw
     return costs, {"plain_graph": fp, "mtp_graph": fm, "plain_eager_idle": _fit(eager, "refs")}
 
 
-def run(quick: bool = False, batches=BATCHES, block: int = SGLANG_BLOCK) -> dict:
+def run(quick: bool = False, batches=BATCHES, block: int = SGLANG_BLOCK, save=None) -> dict:
+    """Checks, then every batch's timings; `save(res)` (if given) after the checks and after each batch, so a run cut
+    short by a device's time limit still leaves what it measured (`complete` False until the costs are derived)."""
     from hw.gpu import copy_ceilings
     from hw.hisparse_graph import GraphTimer
     from ulacache.backends.cupy_copy import HostPool
@@ -241,6 +243,9 @@ def run(quick: bool = False, batches=BATCHES, block: int = SGLANG_BLOCK) -> dict
     res["checks"] = [check_against_reference(block=b, steps=3 if quick else 5) for b in (block, 1024)]
     res["mtp_checks"] = [check_mtp_against_reference(calls=3 if quick else 5),
                          check_mtp_against_reference(hot=2048, top_k=1024, batch=3, calls=3 if quick else 5, seed=9)]
+    res["complete"] = False
+    save = save or (lambda r: None)
+    save(res)
     hist = 8192 if quick else 16384
     host = HostPool(max(batches) * hist, 656)  # one pinned pool for every run (non-zero bytes)
     host.array.fill(0x5A)
@@ -251,8 +256,10 @@ def run(quick: bool = False, batches=BATCHES, block: int = SGLANG_BLOCK) -> dict
         plain.append(pt)
         planned.append(pl)
         mtp.append(time_mtp(timer, B, host, history=hist, timed=3 if quick else 5))
+        save(res | {"plain": plain, "planned_copy": planned, "mtp": mtp})
     res.update({"plain": plain, "planned_copy": planned, "mtp": mtp, "calibrated_block": block})
     res["costs"], res["fits"] = derive_costs(plain, mtp, planned, ceil["h2d_gb_s"] * 1e9)
+    res["complete"] = True
     return res
 
 
@@ -271,9 +278,10 @@ def _print(res: dict) -> None:
 
 def main(args) -> int:
     batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else BATCHES
-    res = run(quick=args.quick, batches=batches, block=args.block)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    res = run(quick=args.quick, batches=batches, block=args.block,
+              save=lambda r: path.write_text(json.dumps(r, indent=1, default=float)))
     path.write_text(json.dumps(res, indent=1, default=float))
     _print(res)
     print(f"wrote {path}")

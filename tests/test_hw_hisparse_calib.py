@@ -67,3 +67,18 @@ def test_merge_updates_only_hisparse_keys(tmp_path: Path):
     assert {k: v for k, v in after["provenance"].items() if k != "hisparse"} == \
         {k: v for k, v in before["provenance"].items() if k != "hisparse"} | (
             {"pending_costs": after["provenance"]["pending_costs"]} if "pending_costs" in after["provenance"] else {})
+
+
+def test_merge_refuses_a_run_cut_short(tmp_path: Path):
+    """A `hw hisparse` run stopped by a device's time limit saves its checks and timed batches but no costs: merging
+    it is one clear error, and the calibration is left as it was."""
+    from hw.calibrate import merge_hisparse
+
+    cal = tmp_path / "h200.yaml"
+    cal.write_text((Path(__file__).resolve().parents[1] / "hw" / "calibration" / "h200.yaml").read_text())
+    before = cal.read_text()
+    js = tmp_path / "hs.json"
+    js.write_text(json.dumps({"date": "2026-12-07T00:00:00Z", "complete": False, "plain": [], "mtp": []}))
+    with pytest.raises(ValueError, match="incomplete"):
+        merge_hisparse(str(cal), str(js))
+    assert cal.read_text() == before
