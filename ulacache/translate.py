@@ -162,8 +162,8 @@ class AddressIndex:
 
     def _dedup_marker(self, n: int):
         """The dedup marker of at least `n` entries: numpy shares the process's (AddressSpace.scratch); a device
-        backend keeps its own on the device (all False between accesses, so it never travels: copying the
-        storage-sized marker in and out of the device cost more than the dedup)."""
+        backend keeps its own on the device (all False between accesses, so it never travels; the host's
+        storage-sized marker used to be copied in and out on every access, and the copy thrown away)."""
         if self.be.name == "numpy":
             return self.space.scratch
         if self._marker is None or self._marker.shape[0] < n:
