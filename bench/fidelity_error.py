@@ -66,6 +66,16 @@ def scale_overrides(config: Path, cap: int, steps_on: int, steps_off: int, seed:
     return sets, {"factor": factor, "paper": paper, "overrides": sets}
 
 
+def matched_overrides(per_config: dict) -> list[str]:
+    """The "matched" replay: the paper config's own fidelity but a request sample that takes as many requests per
+    admission space as the default does at paper scale. The reduced scale cuts a space's running requests and its
+    pools by the same factor, so request_fraction / factor (capped at 1) samples the paper default's count per space
+    with the paper default's pool slots per sampled request (cap 64: 1/16 -> 1/4)."""
+    frac = per_config["paper"]["fidelity"].get("request_fraction")
+    frac = 1.0 / 16 if frac is None else float(frac)  # (the configs name it; none = auto, 1/16 at 256 requests)
+    return [f"fidelity.request_fraction={min(1.0, frac / per_config['factor'])!r}"]
+
+
 def child(payload: str) -> int:
     """One replay in this process: prints the kept metrics as one JSON line."""
     import sim
@@ -141,8 +151,22 @@ def table_rows(records: dict) -> list[dict]:
                 dm["request_sample_stride"], "sampled_per_space_default": _sampled_per_space(dm, fm),
             "policy_groups_default": dm["policy_groups_simulated"],
             "sim_wall_s_default": dm["sim_wall_s"], "sim_wall_s_full": fm["sim_wall_s"],
-            "peak_rss_bytes_default": dm["peak_rss_bytes"], "peak_rss_bytes_full": fm["peak_rss_bytes"]})
+            "peak_rss_bytes_default": dm["peak_rss_bytes"], "peak_rss_bytes_full": fm["peak_rss_bytes"],
+            **_matched_columns(records.get(f"{name}/matched", {}), fm)})
     return rows
+
+
+def _matched_columns(rec: dict, fm: dict) -> dict:
+    """The "matched" replay's figures and errors against full (`matched_overrides`), when it ran."""
+    if rec.get("status") != "ok":
+        return {}
+    mm = rec["metrics"]
+    return {"request_sample_stride_matched": mm["request_sample_stride"],
+            "sampled_per_space_matched": _sampled_per_space(mm, fm),
+            "hit_rate_matched": mm["gpu_hit_rate"], "tok_s_matched": mm["decode_throughput_tok_s"],
+            "hit_rate_error_points_matched": (mm["gpu_hit_rate"] - fm["gpu_hit_rate"]) * 100.0,
+            "tok_s_error_pct_matched": _pct(mm["decode_throughput_tok_s"], fm["decode_throughput_tok_s"]),
+            "tpot_p50_error_pct_matched": _pct(mm["tpot_ms_p50"], fm["tpot_ms_p50"])}
 
 
 def attribution_rows(records: dict) -> list[dict]:
@@ -177,6 +201,22 @@ def _attribution_md(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _matched_md(rows: list[dict]) -> list[str]:
+    rows = [r for r in rows if "hit_rate_matched" in r]
+    if not rows:
+        return []
+    lines = ["", "Paper-matched request sample (`matched`: the default's groups and pilot, a request sample taking as "
+             "many requests per space as the default does at paper scale, with its pool slots per sampled request):",
+             "", "| config | k / sampled per space | hit rate matched → full | Δ hit (pts) | Δ tok/s | Δ TPOT |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['request_sample_stride_matched']} / {r['sampled_per_space_matched']} | "
+                     f"{r['hit_rate_matched']:.3f} → {r['hit_rate_full']:.3f} | "
+                     f"{r['hit_rate_error_points_matched']:+.1f} | {_f(r['tok_s_error_pct_matched'], '+.1f')}% | "
+                     f"{_f(r['tpot_p50_error_pct_matched'], '+.1f')}% |")
+    return lines
+
+
 def _f(v, fmt):
     return "—" if v is None else format(v, fmt)
 
@@ -203,6 +243,7 @@ def markdown(data: dict) -> str:
             f"{_f(r['tpot_p50_ms_full'], '.2f')} | {_f(r['tpot_p50_error_pct'], '+.1f')}% | "
             f"{r['steady_window_steps']} | {r['sim_wall_s_default']:.1f} / {r['sim_wall_s_full']:.1f} | "
             f"{r['peak_rss_bytes_default'] / 1e9:.2f} / {r['peak_rss_bytes_full'] / 1e9:.2f} |")
+    lines += _matched_md(data["table"])
     lines += _attribution_md(data.get("attribution", []))
     for key, olds in sorted(data.get("superseded", {}).items()):
         lines += [""] if key == min(data["superseded"]) else []
@@ -223,7 +264,9 @@ def _other_seeds(extra: list[Path]) -> dict:
         for r in other["table"]:
             out.setdefault(r["config"], []).append(
                 {"seed": other["meta"]["scale"].get("seed"), "source": str(path.resolve().relative_to(ROOT)),
-                 **{k: r[k] for k in ("hit_rate_error_points", "tok_s_error_pct", "tpot_p50_error_pct")}})
+                 **{k: r[k] for k in ("hit_rate_error_points", "tok_s_error_pct", "tpot_p50_error_pct",
+                                      "hit_rate_error_points_matched", "tok_s_error_pct_matched",
+                                      "tpot_p50_error_pct_matched") if k in r}})
     return out
 
 
@@ -235,13 +278,15 @@ def write_table(data: dict, path: Path, extra: list[Path] = ()) -> None:
             "tpot_p50_error_pct", "hit_rate_default", "hit_rate_full", "tok_s_default", "tok_s_full",
             "steady_window_steps", "request_sample_stride_default", "sampled_per_space_default",
             "policy_groups_default")
+    matched = ("hit_rate_error_points_matched", "tok_s_error_pct_matched", "tpot_p50_error_pct_matched",
+               "request_sample_stride_matched", "sampled_per_space_matched")
     commits = sorted({r.get("commit", meta["commit"]) for r in data["records"].values()})
     date = max([meta["date"]] + [c["date"] for c in meta.get("later_calls", [])])  # the last call that ran replays
     table = {"source": "bench/results/fidelity_error.json", "date": date, "commit": ", ".join(commits),
              "scale": meta["scale"]["summary"],
              "definition": "error = default-fidelity figure - full-fidelity figure of the same reduced-scale run: "
                            "hit rate in points, steady tok/s and TPOT p50 in percent",
-             "rows": [{**{k: r[k] for k in keep},
+             "rows": [{**{k: r[k] for k in keep}, **{k: r[k] for k in matched if k in r},
                        "default_fidelity": meta["scale"]["per_config"][r["config"]]["paper"]["fidelity"],
                        "other_seeds": others.get(r["config"], [])}
                       for r in data["table"]]}
@@ -303,7 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table-extra", action="append", default=[], type=Path,
                     help="with --write-table: the same study at another seed, listed per row as other_seeds")
     ap.add_argument("--add", default="", help="comma-separated replays of --only's configs (default, full, "
-                    "groups_all, requests_all) to (re)run into --out, which must hold the study (its scale)")
+                    "groups_all, requests_all, matched) to (re)run into --out, which must hold the study (its scale)")
     ap.add_argument("--write-table", action="store_true", help=f"also write {TABLE.relative_to(ROOT)}")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -336,6 +381,8 @@ def run_study(args, out: Path) -> dict:
     todo = [(f"{n}/full", ROOT / "configs" / f"{n}.yaml", scales[n][0] + FULL)
             for n in sorted(names, key=lambda n: "b300" not in n)]  # B300 admits more: the longest first
     todo += [(f"{n}/default", ROOT / "configs" / f"{n}.yaml", scales[n][0]) for n in names]
+    todo += [(f"{n}/matched", ROOT / "configs" / f"{n}.yaml", scales[n][0] + matched_overrides(scales[n][1]))
+             for n in names]
 
     def on_record(key: str, rec: dict) -> None:
         data["records"][key] = rec | {"commit": _commit()}
@@ -364,8 +411,10 @@ def run_added(args, out: Path) -> dict:
     extras = {"default": [], "full": FULL, **VARIANTS}
     todo = []
     for name in [n for n in args.only.split(",") if n] or list(CONFIGS):
-        sets = scale["per_config"][name]["overrides"]
-        todo += [(f"{name}/{v}", ROOT / "configs" / f"{name}.yaml", sets + extras[v]) for v in args.add.split(",")]
+        per = scale["per_config"][name]
+        extras["matched"] = matched_overrides(per)
+        todo += [(f"{name}/{v}", ROOT / "configs" / f"{name}.yaml", per["overrides"] + extras[v])
+                 for v in args.add.split(",")]
     data["meta"].setdefault("later_calls", []).append(
         {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
          "command": " ".join(["python", "bench/fidelity_error.py", *sys.argv[1:]]), "load_avg_before": os.getloadavg()})

@@ -8,6 +8,9 @@ measured configuration matches the run (hardware preset, attention, speculative 
 table's provenance, so a default run states the error a run like it was measured to have. It is one measurement of
 one seed at one reduced scale, not a bound: the returned dict says so (`scale`, `fidelity_matches`), with the same
 measurement at other seeds where the table has them (`other_seeds`: the spread between seeds is of the same size).
+Where the table has it, `paper_matched` is the error of the same reduced run with the request sample a default run
+takes at paper scale (as many requests per admission space, the same pool slots per sampled request): the closer
+estimate for a paper-scale default run, whose spaces sample several times more requests than the reduced default.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "sampling_error.json"
 ERROR_KEYS = ("hit_rate_error_points", "tok_s_error_pct", "tpot_p50_error_pct")
+MATCHED_KEYS = tuple(f"{k}_matched" for k in ERROR_KEYS)
 
 
 @lru_cache(maxsize=4)
@@ -57,8 +61,16 @@ def sampling_error(cfg, path: Path = TABLE_PATH) -> dict | None:
     fid = cfg.fidelity
     measured = row.get("default_fidelity") or {}
     same = bool(measured) and all(measured.get(k) == getattr(fid, k) for k in measured)
-    return {**{k: row.get(k) for k in ERROR_KEYS},
-            "measured_config": row.get("config"), "measured_fidelity": measured, "fidelity_matches": same,
-            "other_seeds": [{k: o.get(k) for k in ("seed", *ERROR_KEYS)} for o in row.get("other_seeds", [])],
+    out = {**{k: row.get(k) for k in ERROR_KEYS},
+           "measured_config": row.get("config"), "measured_fidelity": measured, "fidelity_matches": same,
+           "other_seeds": [{k: o.get(k) for k in ("seed", *ERROR_KEYS)} for o in row.get("other_seeds", [])]}
+    if all(k in row for k in MATCHED_KEYS):
+        out["paper_matched"] = {
+            **{k[:-len("_matched")]: row[k] for k in MATCHED_KEYS},
+            "sampled_per_space": row.get("sampled_per_space_matched"),
+            "request_sample_stride": row.get("request_sample_stride_matched"),
+            "other_seeds": [{"seed": o.get("seed"), **{k[:-len("_matched")]: o[k] for k in MATCHED_KEYS}}
+                            for o in row.get("other_seeds", []) if all(k in o for k in MATCHED_KEYS)]}
+    return {**out,
             "source": table["source"], "date": table["date"], "commit": table.get("commit"),
             "scale": table["scale"], "definition": table.get("definition")}

@@ -67,8 +67,10 @@ def test_committed_table_names_its_source_and_covers_the_paper_configs():
     source = json.loads((ROOT / table["source"]).read_text())
     by_config = {r["config"]: r for r in source["table"]}
     for row in table["rows"]:  # the lookup table is the bench's result, not numbers typed in
-        assert row["hit_rate_error_points"] == pytest.approx(by_config[row["config"]]["hit_rate_error_points"])
-        assert row["tok_s_error_pct"] == pytest.approx(by_config[row["config"]]["tok_s_error_pct"])
+        src = by_config[row["config"]]
+        for key in ("hit_rate_error_points", "tok_s_error_pct", "hit_rate_error_points_matched",
+                    "tok_s_error_pct_matched"):
+            assert (key in row) == (key in src) and row.get(key) == pytest.approx(src.get(key)), key
 
 
 @pytest.mark.parametrize("name", ["paper-h200-tp-specon", "paper-b300-dp-specoff"])
@@ -76,3 +78,20 @@ def test_each_paper_config_finds_its_own_row(name):
     got = sampling_error(_cfg(name))
     assert got is not None and got["measured_config"] == name and got["fidelity_matches"] is True
     assert (ROOT / got["source"]).is_file()
+
+
+def test_paper_matched_error_when_the_table_has_it(tmp_path):
+    """A row with the paper-matched replay's errors returns them (and other seeds' that have them) beside the
+    reduced default's; a row without them returns no `paper_matched`."""
+    matched = {"hit_rate_error_points_matched": 0.4, "tok_s_error_pct_matched": 0.7, "tpot_p50_error_pct_matched": -0.6,
+               "sampled_per_space_matched": 9, "request_sample_stride_matched": 4}
+    seeds = [{"seed": 1, "hit_rate_error_points": 4.3, "tok_s_error_pct": 6.8, "tpot_p50_error_pct": -6.0,
+              "hit_rate_error_points_matched": 0.9, "tok_s_error_pct_matched": 0.1, "tpot_p50_error_pct_matched": 0.0}]
+    path = _table(tmp_path, [{**ROW, **matched, "other_seeds": seeds}, {**ROW, "spec": False, "config": "x"}])
+    got = sampling_error(_cfg("paper-h200-tp-specon"), path)
+    assert got["hit_rate_error_points"] == 12.5  # the reduced default's, unchanged
+    pm = got["paper_matched"]
+    assert pm["hit_rate_error_points"] == 0.4 and pm["tok_s_error_pct"] == 0.7 and pm["sampled_per_space"] == 9
+    assert pm["other_seeds"] == [{"seed": 1, "hit_rate_error_points": 0.9, "tok_s_error_pct": 0.1,
+                                  "tpot_p50_error_pct": 0.0}]
+    assert "paper_matched" not in sampling_error(_cfg("paper-h200-tp-specoff"), path)
