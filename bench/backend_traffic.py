@@ -104,7 +104,11 @@ def main(argv=None) -> int:
     for att in args.attention or ["tp", "dp"]:
         base = FULL if args.no_reduced else REDUCED
         sets = base + [f"attention={att}"] + args.set
-        r = measure(args.config, sets)
+        try:
+            r = measure(args.config, sets)
+        except (ValueError, OSError) as e:  # a bad config, key or path: one line (sim's errors are ValueErrors)
+            print(f"backend_traffic: {e}", file=sys.stderr)
+            return 2
         runs[att] = {"overrides": sets, **r}
         print(f"{att}: {r['policy_calls']} policy calls, {r['bytes_per_policy_call'] / 1e6:.2f} MB and "
               f"{r['conversions_per_policy_call']:.1f} conversions per call "
