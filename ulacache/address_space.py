@@ -120,10 +120,6 @@ class AddressSpace:
             _MARKER[0] = np.zeros(max(n, 2 * _MARKER[0].size), dtype=bool)
         return _MARKER[0][:n]
 
-    @scratch.setter
-    def scratch(self, marker: np.ndarray) -> None:
-        """What the backend's dedup hands back: the same marker (numpy) or its own copy, left all False."""
-
     def home(self, addrs: np.ndarray) -> np.ndarray:
         return addrs // self.slots_per_rank
 
