@@ -50,15 +50,37 @@ def device_peak_bytes(backend: str) -> dict:
     return out
 
 
+def profile_top(prof, n: int) -> list[dict]:
+    """The `n` functions with the most own time in this process (cProfile; the group workers' are not seen)."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, prim calls, tottime, cumtime, callers)}
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:n]
+    root = str(ROOT) + "/"
+    return [{"function": f"{f.replace(root, '')}:{line}({name})", "calls": int(nc), "own_s": round(tt, 4),
+             "cumulative_s": round(ct, 4)} for (f, line, name), (_, nc, tt, ct, _) in rows]
+
+
 def child(spec: dict) -> None:
     """One replay in this (fresh) process; prints one JSON line."""
     import sim
 
+    prof = None
+    if spec.get("profile_top"):
+        import cProfile
+
+        prof = cProfile.Profile()
     t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
     m = sim.replay(spec["config"], None, overrides=spec["sets"], policy_workers=spec["workers"],
                    policy_backend=spec["backend"], max_memory_gb=spec.get("max_memory_gb"))
+    if prof is not None:
+        prof.disable()
     row = {k: m.get(k) for k in KEEP}
     row["wall_s"] = time.perf_counter() - t0
+    if prof is not None:  # (wall includes the profiler's overhead)
+        row["profile_top"] = profile_top(prof, int(spec["profile_top"]))
     row["main_process_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     row.update(device_peak_bytes(m["policy_backend"]))
     print("RESULT " + json.dumps(row))
@@ -67,7 +89,7 @@ def child(spec: dict) -> None:
 def run_cut(args, steps: int | None) -> dict:
     sets = FULL + list(args.sets) + ([f"workload.max_steps={steps}"] if steps else [])
     spec = {"config": str(args.config), "sets": sets, "workers": args.policy_workers, "backend": args.policy_backend,
-            "max_memory_gb": args.max_memory_gb}
+            "max_memory_gb": args.max_memory_gb, "profile_top": args.profile_top}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
@@ -113,6 +135,8 @@ def main() -> int:
     p.add_argument("--full-run-steps", type=int, default=None, help="decode steps of the whole run (estimate)")
     p.add_argument("--max-wall-s", type=float, default=540.0, help="a cut that runs longer is stopped")
     p.add_argument("--max-memory-gb", type=float, default=None)
+    p.add_argument("--profile-top", type=int, default=0, metavar="N",
+                   help="profile each cut (cProfile, main process) and keep its N functions with the most own time")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "full_fidelity.json")
     args = p.parse_args()
     cuts = []
