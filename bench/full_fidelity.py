@@ -128,7 +128,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", type=Path, default=ROOT / "configs" / "paper-h200-tp-specon.yaml")
     p.add_argument("--policy-backend", default="auto", choices=CHOICES)
-    p.add_argument("--policy-workers", type=int, default=None, help="numpy only (default: the usable cores)")
+    p.add_argument("--policy-workers", type=int, default=None, help="processes for the groups (default: the usable cores; a device backend splits at full fidelity)")
     p.add_argument("--steps", type=int, nargs="*", default=[2, 6],
                    help="decode-step cuts (0 = the whole run)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")

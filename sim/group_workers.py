@@ -74,6 +74,7 @@ def private_bytes() -> int:
 def _serve(conn, runner, groups: list[int]) -> None:
     """The child's loop: keep `groups`, then run the calls the parent sends until it says stop (None) or is gone."""
     runner.workers = None  # (the parent's handles, copied by the fork)
+    runner.after_fork()
     runner.keep_groups(groups)
     failed = False
     peak, sampled = private_bytes(), time.monotonic()
@@ -83,7 +84,7 @@ def _serve(conn, runner, groups: list[int]) -> None:
         except (EOFError, OSError):
             return
         if calls is None:
-            _send(conn, ("rss", max(peak, private_bytes())))
+            _send(conn, ("rss", (max(peak, private_bytes()), runner.device_pool_bytes())))
             return
         if time.monotonic() - sampled >= SAMPLE_S:  # (before the calls: the previous ones' result)
             peak, sampled = max(peak, private_bytes()), time.monotonic()
@@ -112,9 +113,11 @@ class GroupWorkers:
     """Child processes each running a share of a PolicyRunner's groups (see the module docstring)."""
 
     def __init__(self, runner, shares: list[list[int]]):
-        """Fork one child per share (`runner` must offer `keep_groups`); the parent keeps what the shares leave."""
+        """Fork one child per share (`runner` must offer `after_fork`, `keep_groups` and `device_pool_bytes`); the
+        parent keeps what the shares leave."""
         self.children: list[tuple[int, object]] = []  # (pid, connection)
         self.extra_rss_bytes = 0
+        self.extra_device_bytes = 0  # the children's device allocators at their end (a device backend's), summed
         for groups in shares:
             here, there = Pipe(duplex=True)
             pid = os.fork()
@@ -184,7 +187,8 @@ class GroupWorkers:
                 while True:
                     kind, value = pickle.loads(conn.recv_bytes())
                     if kind == "rss":
-                        self.extra_rss_bytes += int(value)
+                        self.extra_rss_bytes += int(value[0])
+                        self.extra_device_bytes += int(value[1])
                         break
                     if kind == "err" and failure is None:
                         failure = value

@@ -239,7 +239,11 @@ class PolicyRunner:
         self.bound = getattr(make_cache, "bound", None)
         self.ks = self._stride(self.k)
         self.stride = cfg.fidelity.step_stride
-        self.caches = {g: make_cache(g, self.k) for g in self.groups}
+        # A device backend (`make_cache.device`: cupy, torch) builds its caches after the group workers are forked,
+        # each process its own share: a CUDA context does not survive a fork. Without a pilot the simulated groups
+        # are known now, so the split is made up front; with one the groups run in this process.
+        self.device = bool(getattr(make_cache, "device", False))
+        self.caches = {} if self.device else {g: make_cache(g, self.k) for g in self.groups}
         self.tables = self._tables()
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
         self.sampled_per_space: dict[int, int] = {}
@@ -270,6 +274,15 @@ class PolicyRunner:
         self.probe_step_s = None
         self._fork_due = False
         self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
+        self.worker_device_bytes = 0  # what the children's device allocators held at their end, summed
+        if self.device:
+            if self.pilot_left or _cuda_context_here():  # (children forked now could not use the device)
+                self.processes = 1
+            self._probe_left = 0
+            if self.processes > 1 and len(self.groups) > 1:
+                self._fork_workers()  # (builds this process's share; each child builds its own)
+            else:
+                self.keep_groups(self.groups)
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
@@ -307,14 +320,17 @@ class PolicyRunner:
         """The effective stride pools are scaled by at nominal stride k (`RunBound.stride`; k without a bound)."""
         return float(k) if self.bound is None else self.bound.stride(k)
 
-    def _table(self, cache) -> AddressTable:
-        size = cache.config.num_ranks * (cache.config.gpu_slots + cache.config.cpu_slots)
+    def _table(self, config) -> AddressTable:
+        size = config.num_ranks * (config.gpu_slots + config.cpu_slots)
         return AddressTable(self.max_request_tokens, np.int32 if size < 2**31 - 1 else np.int64)
 
     def _tables(self) -> GroupTables:
         """The groups' address tables: one shared while their caches hand out the same addresses (sim/tables.py)."""
-        first = self.caches[self.groups[0]]
-        return GroupTables(self.groups, lambda: self._table(first))
+        if self.groups[0] in self.caches:
+            config = self.caches[self.groups[0]].config
+        else:  # (caches not built yet: a device backend's, built after the fork)
+            config = self.make_cache.config(self.k)
+        return GroupTables(self.groups, lambda: self._table(config))
 
     # ---- request lifecycle
     def admit(self, rid: int, space: int, rank: int, num_tokens: int, running_in_space: int,
@@ -552,22 +568,59 @@ class PolicyRunner:
         shares = [self.groups[i::n] for i in range(n)]
         self.workers = GroupWorkers(self, shares[1:])
         self.processes_used = n
+        self.after_fork()
         self.keep_groups(shares[0])
 
+    def after_fork(self) -> None:
+        """In each process of a split (the children call it first): torch computes in this process's thread only.
+        The processes already use the cores, and a torch thread pool the parent started before the fork (OpenMP)
+        hangs a child that enters it."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and self.device:
+            self._torch_threads = torch.get_num_threads()  # (this process's own, given back at `close`)
+            torch.set_num_threads(1)
+
     def keep_groups(self, groups: list[int]) -> None:
-        """Drop the caches and tables of the groups not in `groups` (another process runs them)."""
-        for g in list(self.caches):
-            if g not in groups:
-                del self.caches[g]
+        """Drop the caches and tables of the groups not in `groups` (another process runs them); build those of
+        `groups` not built yet (a device backend's, after the fork)."""
+        keep = set(groups)
+        for g in list(self.caches) if not self.device else self.groups:
+            if g not in keep:
+                self.caches.pop(g, None)
                 self.tables.drop(g)
+        for g in groups:
+            if g not in self.caches:
+                self.caches[g] = self.make_cache(g, self.k)
         release_memory()
+
+    def device_pool_bytes(self) -> int:
+        """What this process's device allocator holds (cupy's pool: the most it needed at once, to its rounding;
+        torch on CUDA: its peak allocation); 0 on the host."""
+        import sys
+
+        if not self.device:
+            return 0
+        if "cupy" in sys.modules:
+            return int(sys.modules["cupy"].get_default_memory_pool().total_bytes())
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+        return 0
 
     def close(self) -> None:
         """Stop the group workers (the sum of their largest private-memory samples: `worker_rss_bytes`)."""
         if self.workers is not None:
             self.workers.close()
             self.worker_rss_bytes = self.workers.extra_rss_bytes
+            self.worker_device_bytes = self.workers.extra_device_bytes
             self.workers = None
+        if getattr(self, "_torch_threads", None):
+            import sys
+
+            sys.modules["torch"].set_num_threads(self._torch_threads)
+            self._torch_threads = None
 
     def kill(self) -> None:
         """End the group workers at once (the run failed)."""
@@ -733,6 +786,21 @@ class PolicyRunner:
 
 
 _divide, _copyto, _add_reduce = np.divide, np.copyto, np.add.reduce  # (the ufuncs without their wrappers' dispatch)
+
+
+def _cuda_context_here() -> bool:
+    """Whether this process holds a CUDA context already (cupy used before the replay, e.g. by an earlier run in
+    the same process): asked of the driver without initialising it."""
+    import sys
+
+    if "cupy" not in sys.modules:
+        return False
+    try:
+        from cupy.cuda import driver
+
+        return bool(driver.ctxGetCurrent())
+    except Exception:  # the driver not initialised (or none): no context
+        return False
 
 
 def _capacity_error():

@@ -7,23 +7,41 @@ ulacache/backends/README.md).
     torch  the torch backend (CPU or CUDA; what CI checks the plumbing with)
     auto   cupy where a CUDA device is usable, else numpy
 
-The runner's caches then run in one process: a CUDA context does not survive a fork, and the group workers
-(sim/group_workers.py) fork.
+A CUDA context does not survive a fork, and the group workers (sim/group_workers.py) fork: on a device backend
+they are forked before any cache exists (full fidelity; with a pilot the groups run in one process), and this
+module asks whether a device is usable in a child process, so the replay's own process has no CUDA context to lose.
 """
 from __future__ import annotations
+
+import functools
+import importlib.util
+import subprocess
+import sys
 
 CHOICES = ("numpy", "cupy", "torch", "auto")
 ENV_VAR = "ULACACHE_POLICY_BACKEND"  # the backend when the caller names none
 
 
+@functools.lru_cache(maxsize=1)
 def cuda_device_count() -> int:
-    """CUDA devices cupy can use here (0 without cupy, a driver or a device)."""
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # no cupy, no driver, no device: all mean "none here"
+    """CUDA devices cupy can use here (0 without cupy, a driver or a device), asked in a child process so that this
+    one makes no CUDA context (the group workers fork after this)."""
+    if importlib.util.find_spec("cupy") is None:
         return 0
+    try:
+        out = subprocess.run([sys.executable, "-c", _COUNT], capture_output=True, text=True, timeout=300)
+        return int(out.stdout.split()[-1]) if out.returncode == 0 and out.stdout.split() else 0
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0
+
+
+_COUNT = """
+try:
+    import cupy
+    print(int(cupy.cuda.runtime.getDeviceCount()))
+except Exception:  # no driver, no device: none here
+    print(0)
+"""
 
 
 def resolve(name: str | None) -> str:

@@ -80,6 +80,7 @@ def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy"):
         return UlaCache(config if backend == "numpy" else dataclasses.replace(config, backend=backend))
 
     make.bound = bound  # what the runner needs to keep its pilot's state bounded
+    make.device = backend != "numpy"  # caches built after the group workers fork (sim/policy.PolicyRunner)
     make.config = lambda k: system.cache_config(k, bound)  # the cache's configuration, without building it
     # what the runner sizes its pilot by (footprint.entries_held): asked of the factory, so that sim.policy needs
     # nothing of sim.footprint (which reads the runner's phases: no import cycle)
@@ -247,6 +248,8 @@ def _execution_metrics(engine: Engine, est: dict, backend: str) -> dict:
         out["policy_probe_step_ms"] = probe * 1e3
     out["peak_rss_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 + (
         float(runner.worker_rss_bytes) if runner is not None else 0.0)
+    if runner is not None and runner.device:  # every process's device allocator at its end, summed
+        out["policy_device_pool_bytes"] = float(runner.device_pool_bytes() + runner.worker_device_bytes)
     return out
 
 
@@ -262,7 +265,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     $ULACACHE_POLICY_WORKERS, else the usable cores, as `ulacache replay`, `sweep` and `plan` run); every metric but
     the wall time and `policy_processes` is the same for any number. `policy_backend`: the array backend of the
     policy caches (sim/policy_backend.py; None: $ULACACHE_POLICY_BACKEND, else numpy): the same metrics on any;
-    a backend other than numpy runs the groups in one process."""
+    a device backend splits the groups over processes only without a pilot (full fidelity: the split is made
+    before any cache exists, as a CUDA context does not survive a fork), else runs them in one."""
     wall0 = time.perf_counter()
     tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
     cfg = build(tree)
@@ -274,7 +278,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     recorder = TraceRecorder() if trace_events else None
     backend = resolve_backend(policy_backend)
     make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
-    processes = resolve_processes(policy_workers) if backend == "numpy" else 1  # (a CUDA context does not fork)
+    processes = resolve_processes(policy_workers)  # (a device backend's workers fork before its caches exist)
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
         make_cache = cache_factory(cfg, system, requests, backend)

@@ -66,14 +66,21 @@ def test_resolve_processes(monkeypatch):
 
 
 class _Runner:
-    """What GroupWorkers needs of a runner: `keep_groups`, and the methods the parent sends."""
+    """What GroupWorkers needs of a runner: `after_fork`, `keep_groups`, `device_pool_bytes`, and the methods the
+    parent sends."""
 
     def __init__(self):
         self.groups = []
         self.log = []
 
+    def after_fork(self):
+        self.log.append("forked")
+
     def keep_groups(self, groups):
         self.groups = list(groups)
+
+    def device_pool_bytes(self):
+        return 7
 
     def note(self, x):
         self.log.append(x)
@@ -93,11 +100,12 @@ def test_workers_run_calls_in_order_and_report():
         w.send("report", reply=True)
         (g1, log1, pid1), (g2, log2, pid2) = w.gather()
         assert (g1, g2) == ([1, 3], [2])
-        assert log1 == log2 == ["a", "b"]
+        assert log1 == log2 == ["forked", "a", "b"]  # `after_fork` before anything the parent sends
         assert len({pid1, pid2, os.getpid()}) == 3
     finally:
         w.close()
     assert w.extra_rss_bytes > 0
+    assert w.extra_device_bytes == 14  # each child's `device_pool_bytes` at its end, summed
     assert not w.children
 
 
