@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
 KEEP = ("decode_steps", "completed_requests", "max_admitted_concurrency", "gpu_hit_rate", "decode_throughput_tok_s",
         "policy_calls", "policy_groups_simulated", "request_sample_stride", "policy_backend", "policy_processes",
-        "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s")
+        "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s", "policy_device_pool_bytes")
 
 
 def device_peak_bytes(backend: str) -> dict:
@@ -128,7 +128,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", type=Path, default=ROOT / "configs" / "paper-h200-tp-specon.yaml")
     p.add_argument("--policy-backend", default="auto", choices=CHOICES)
-    p.add_argument("--policy-workers", type=int, default=None, help="processes for the groups (default: the usable cores; a device backend splits at full fidelity)")
+    p.add_argument("--policy-workers", type=int, default=None,
+                   help="processes for the groups (default: the usable cores; a device backend's split at full "
+                        "fidelity)")
     p.add_argument("--steps", type=int, nargs="*", default=[2, 6],
                    help="decode-step cuts (0 = the whole run)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
