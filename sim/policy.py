@@ -276,13 +276,19 @@ class PolicyRunner:
         self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
         self.worker_device_bytes = 0  # what the children's device allocators held at their end, summed
         if self.device:
-            if self.pilot_left or _cuda_context_here():  # (children forked now could not use the device)
-                self.processes = 1
-            self._probe_left = 0
-            if self.processes > 1 and len(self.groups) > 1:
-                self._fork_workers()  # (builds this process's share; each child builds its own)
-            else:
-                self.keep_groups(self.groups)
+            self._start_on_device()
+
+    def _start_on_device(self) -> None:
+        """A device backend's caches: split over the processes now, before any exists (each process builds its own
+        share), or all here with a pilot or where this process holds a CUDA context already (children forked then
+        could not use the device)."""
+        if self.pilot_left or _cuda_context_here():
+            self.processes = 1
+        self._probe_left = 0
+        if self.processes > 1 and len(self.groups) > 1:
+            self._fork_workers()
+        else:
+            self.keep_groups(self.groups)
 
     def _upfront_groups(self) -> tuple[list[int], np.ndarray]:
         """Groups stratified without measuring: on the generator's per-group locality, else shallow + band centres."""
