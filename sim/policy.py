@@ -275,6 +275,7 @@ class PolicyRunner:
         self._fork_due = False
         self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
         self.worker_device_bytes = 0  # what the children's device allocators held at their end, summed
+        self._torch_threads = None  # torch's threads before a split (`after_fork`), given back at `close`
         if self.device:
             self._start_on_device()
 
@@ -585,7 +586,7 @@ class PolicyRunner:
 
         torch = sys.modules.get("torch")
         if torch is not None and self.device:
-            self._torch_threads = torch.get_num_threads()  # (this process's own, given back at `close`)
+            self._torch_threads = torch.get_num_threads()
             torch.set_num_threads(1)
 
     def keep_groups(self, groups: list[int]) -> None:
@@ -622,7 +623,7 @@ class PolicyRunner:
             self.worker_rss_bytes = self.workers.extra_rss_bytes
             self.worker_device_bytes = self.workers.extra_device_bytes
             self.workers = None
-        if getattr(self, "_torch_threads", None):
+        if self._torch_threads:
             import sys
 
             sys.modules["torch"].set_num_threads(self._torch_threads)
