@@ -2,20 +2,12 @@
 # One device call for issue 29: the cupy-vs-numpy replay equality tests (-m gpu), then bench/full_fidelity.py on
 # configs/paper-h200-tp-specon.yaml at full fidelity, cut at a few decode steps, on the cupy policy backend (and on
 # numpy over the host's cores, the same machine's baseline). Writes $OUT/fidelity.log, $OUT/full_fidelity_*.json.
-# simpy and hypothesis are carried as wheels in .whl/ (the image lacks them), here, once:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_17_x86_64 -d .whl simpy==4.1.2 hypothesis==6.170.27 sortedcontainers attrs
+# simpy and hypothesis are carried as wheels in .whl/ (the image lacks them; hw/device_env.sh says how to fetch them).
 # Usage on the device machine (repo root): bash bench/full_fidelity_device.sh [STEPS...]   (default 2 4)
 set -uo pipefail
-OUT=${OUT:-out/device}
-mkdir -p "$OUT"
+source hw/device_env.sh
 LOG=$OUT/fidelity.log
 steps=${*:-2 4}
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
-if ! python3 -c "import simpy, hypothesis" 2>/dev/null && [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
 echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
 timeout ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_policy_backend_replay.py -p no:cacheprovider 2>&1 \

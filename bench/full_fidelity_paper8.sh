@@ -4,16 +4,10 @@
 # cupy, in group workers: one per usable core), with the whole run's decode steps of each config's default-fidelity
 # replay (`ulacache replay configs/paper-<name>.yaml`, seed as committed; measured 2026-12-07 on the 2-core box) for
 # the estimate. Writes $OUT/full_fidelity_paper8_<name>.json and $OUT/paper8.log. simpy and hypothesis as wheels in
-# .whl/ (see bench/full_fidelity_device.sh); carry .whl. Usage (repo root): bash bench/full_fidelity_paper8.sh
+# .whl/ (hw/device_env.sh); carry .whl. Usage (repo root): bash bench/full_fidelity_paper8.sh
 set -uo pipefail
-OUT=${OUT:-out/device}
-mkdir -p "$OUT"
+source hw/device_env.sh
 LOG=$OUT/paper8.log
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
-if ! python3 -c "import simpy" 2>/dev/null && [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
 # name:decode steps of the default-fidelity replay
 RUNS=${RUNS:-"h200-tp-specon:2146 h200-tp-specoff:6000 h200-dp-specon:2008 h200-dp-specoff:6000 b300-tp-specon:2370
 b300-tp-specoff:7061 b300-dp-specon:2370 b300-dp-specoff:7061"}

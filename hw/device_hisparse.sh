@@ -2,21 +2,13 @@
 # One device call for issue 26's HiSparse kernels: the GPU tests of the plain / planned-copy / MTP swap-in kernels,
 # then `hw hisparse` (checks vs numpy + graph-replayed and eager timings at batch 1..256) -> $OUT/hisparse_swapin.json.
 # Usage on the device machine (repo root): bash hw/device_hisparse.sh   (OUT defaults to out/device)
-# hypothesis is carried as wheels in .whl/ when the image lacks it (the tests' conftest imports it): here, once,
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_17_x86_64 -d .whl hypothesis==6.170.27 sortedcontainers attrs
-# and name .whl in the device call's carry. Afterwards, here: copy $OUT/hisparse_swapin.json to hw/results/ and
+# hypothesis is carried as wheels in .whl/ when the image lacks it (the tests' conftest imports it; hw/device_env.sh
+# says how to fetch them): name .whl in the device call's carry. Afterwards, here: copy $OUT/hisparse_swapin.json to hw/results/ and
 #   python3 -c "from hw.calibrate import merge_hisparse; merge_hisparse('hw/calibration/h200.yaml', \
 #     'hw/results/hisparse_swapin.json')"      # the HiSparse keys and provenance.hisparse only
 set -uo pipefail
-OUT=${OUT:-out/device}
-mkdir -p "$OUT"
+source hw/device_env.sh
 LOG=$OUT/hisparse.log
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
-if ! python3 -c "import hypothesis" 2>/dev/null && [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$LOG"
 python3 -c "import cupy; print('cupy', cupy.__version__)" 2>&1 | tee -a "$LOG"
 echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
