@@ -3,7 +3,8 @@
 Each group's cache is independent of the others' (its own pools, its own selections: `select` is pure in the
 request, step and group), so the groups can run side by side. A `GroupWorkers` forks processes from the
 `PolicyRunner` as it stands (copy on write: nothing is pickled); each child keeps its share of the groups and drops
-the rest, the parent drops the children's. From then on the parent sends each child the per-group halves of the
+the rest, the parent drops the children's. On a device backend the runner forks before it has built any cache, and
+each process builds its own share (`keep_groups`): a CUDA context does not survive a fork. From then on the parent sends each child the per-group halves of the
 runner's calls (admit, grow, release, step) in the order it makes them, runs its own groups meanwhile, and merges
 the children's results in group order, so every metric is the same bit for bit as with one process.
 
