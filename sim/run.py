@@ -62,18 +62,19 @@ def check_requests(requests) -> None:
         raise ValueError("request_id values must be unique")
 
 
-def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy"):
+def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy", bound: RunBound | None = None):
     """make_cache(group, k) -> a library cache for 1/k of the requests, sized by the system (`System.cache_config`)
-    and by what this run can hold at once (`RunBound`), never by the budgets alone; on array backend `backend`
-    (sim/policy_backend.py: the same plans on any)."""
+    and by what this run can hold at once (`RunBound`; `bound`: one already computed for these requests), never by
+    the budgets alone; on array backend `backend` (sim/policy_backend.py: the same plans on any)."""
     import dataclasses
 
     from ulacache import UlaCache
 
     cap = system.capacity
-    bound = RunBound.of(np.asarray(requests["input_tokens"]), np.asarray(requests["output_tokens"]), cfg.query_tokens,
-                        min(len(requests), cfg.workload.max_concurrency), cap.logical_tokens_per_space,
-                        cap.num_spaces)
+    if bound is None:
+        bound = RunBound.of(np.asarray(requests["input_tokens"]), np.asarray(requests["output_tokens"]),
+                            cfg.query_tokens, min(len(requests), cfg.workload.max_concurrency),
+                            cap.logical_tokens_per_space, cap.num_spaces)
 
     def make(group: int, k: int):
         config = system.cache_config(k, bound)
@@ -281,7 +282,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None, progress: boo
     processes = resolve_processes(policy_workers)  # (a device backend's workers fork before its caches exist)
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
-        make_cache = cache_factory(cfg, system, requests, backend)
+        make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound)
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
     try:
         with _progress(progress, engine.n_req) as tick:
