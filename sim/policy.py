@@ -43,6 +43,12 @@ from sim.tables import GroupTables
 # 22.4 -> 17.4 s (bench/results/group_workers_ab.json, scale.json).
 PROBE_STEPS = 16
 FORK_MIN_STEP_S = 0.001
+# A run without a pilot whose decode step holds this many references over its simulated groups splits them over the
+# processes before it builds any cache (PolicyRunner._split_first): ~0.1 s of a step at the ~10M references/s one
+# core measured (34 ms per 327K-reference group-step, docs/gpu.md), far above what a split's messages cost. No step
+# then runs in one process, and no child inherits caches it drops: full fidelity at cap 64, 2 processes, 64 steps
+# 55.3 -> 45.4 s wall, peak RSS of all processes 7.5 -> 5.2 GB (bench/results/split_first_ab.json).
+SPLIT_FIRST_MIN_REFS = 1 << 20
 PILOT_MAX_ENTRIES = 24_000_000  # all pilot caches together: history entries + GPU copies (keeps a small run small)
 SELECT_ELEMS = 1 << 21  # selected positions fetched from the source at once (int64: 16 MiB)
 RATIO_KEYS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "h2d", "d2h", "peer", "passes")
@@ -239,11 +245,11 @@ class PolicyRunner:
         self.bound = getattr(make_cache, "bound", None)
         self.ks = self._stride(self.k)
         self.stride = cfg.fidelity.step_stride
-        # A device backend (`make_cache.device`: cupy, torch) builds its caches after the group workers are forked,
-        # each process its own share: a CUDA context does not survive a fork. Without a pilot the simulated groups
-        # are known now, so the split is made up front; with one the groups run in this process.
+        # Caches built after the workers fork, each process its own share (`_split_first`): a device backend's
+        # (cupy, torch: a CUDA context does not survive a fork), and a heavy run's without a pilot.
         self.device = bool(getattr(make_cache, "device", False))
-        self.caches = {} if self.device else {g: make_cache(g, self.k) for g in self.groups}
+        self.split_first = self._split_first(processes)
+        self.caches = {} if self.split_first else {g: make_cache(g, self.k) for g in self.groups}
         self.tables = self._tables()
         self.sampled: dict[int, int] = {}  # rid -> rank of simulated requests
         self.sampled_per_space: dict[int, int] = {}
@@ -276,14 +282,26 @@ class PolicyRunner:
         self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
         self.worker_device_bytes = 0  # what the children's device allocators held at their end, summed
         self._torch_threads = None  # torch's threads before a split (`after_fork`), given back at `close`
-        if self.device:
-            self._start_on_device()
+        if self.split_first:
+            self._start_split()
 
-    def _start_on_device(self) -> None:
-        """A device backend's caches: split over the processes now, before any exists (each process builds its own
-        share), or all here with a pilot or where this process holds a CUDA context already (children forked then
-        could not use the device)."""
-        if self.pilot_left or _cuda_context_here():
+    def _split_first(self, processes: int) -> bool:
+        """Whether the caches are built after the split: on a device backend always; on numpy when the simulated
+        groups are known now (no pilot), there are processes to split over, and a step's references over them reach
+        SPLIT_FIRST_MIN_REFS (a short step is better off in one process: the probe then decides)."""
+        if self.device:
+            return True
+        if self.pilot_left or processes < 2 or len(self.groups) < 2 or self.bound is None:
+            return False
+        b = self.bound
+        refs = len(self.groups) * b.running_per_space() * b.num_spaces / self.ks * self.cfg.model.top_k
+        return refs * self.cfg.query_tokens >= SPLIT_FIRST_MIN_REFS
+
+    def _start_split(self) -> None:
+        """The caches built after the split: over the processes now, before any exists (each process builds its own
+        share), or all here on a device backend with a pilot or where this process holds a CUDA context already
+        (children forked then could not use the device)."""
+        if self.device and (self.pilot_left or _cuda_context_here()):
             self.processes = 1
         self._probe_left = 0
         if self.processes > 1 and len(self.groups) > 1:
@@ -593,7 +611,7 @@ class PolicyRunner:
         """Drop the caches and tables of the groups not in `groups` (another process runs them); build those of
         `groups` not built yet (a device backend's, after the fork)."""
         keep = set(groups)
-        for g in list(self.caches) if not self.device else self.groups:
+        for g in list(self.caches) if not self.split_first else self.groups:
             if g not in keep:
                 self.caches.pop(g, None)
                 self.tables.drop(g)

@@ -51,6 +51,22 @@ def test_short_steps_stay_in_one_process(monkeypatch):
     assert m["policy_probe_step_ms"] > 0  # the probe ran (it chose one process)
 
 
+@pytest.mark.parametrize("name", ["ulacache dp, 3 groups, no pilot", "ulacache tp, full fidelity"])
+def test_a_heavy_run_without_a_pilot_splits_before_its_caches_exist(name, monkeypatch):
+    """Above SPLIT_FIRST_MIN_REFS references a step, a run without a pilot forks at once (no probe) and each process
+    builds its own share's caches: the same metrics as one process."""
+    cfg = CASES.get(name) or _cfg("ulacache", "tp", 3, fidelity={"policy_groups": 0, "request_fraction": 1.0})
+    monkeypatch.setattr(sim.policy, "SPLIT_FIRST_MIN_REFS", 1)
+    one = sim.replay(cfg, policy_workers=1)
+    many = sim.replay(cfg, policy_workers=3)
+    assert many["policy_processes"] == 3 and "policy_probe_step_ms" not in many
+    assert {k: v for k, v in many.items() if k not in DROP} == {k: v for k, v in one.items() if k not in DROP}
+    monkeypatch.setattr(sim.policy, "SPLIT_FIRST_MIN_REFS", 1 << 62)  # below it: the probe decides, as before
+    monkeypatch.setattr(sim.policy, "FORK_MIN_STEP_S", 3600.0)
+    probed = sim.replay(cfg, policy_workers=3)
+    assert probed["policy_processes"] == 1 and probed["policy_probe_step_ms"] > 0
+
+
 def test_resolve_processes(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert resolve_processes(3) == 3
