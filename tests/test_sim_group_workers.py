@@ -51,11 +51,11 @@ def test_short_steps_stay_in_one_process(monkeypatch):
     assert m["policy_probe_step_ms"] > 0  # the probe ran (it chose one process)
 
 
-@pytest.mark.parametrize("name", ["ulacache dp, 3 groups, no pilot", "ulacache tp, full fidelity"])
+@pytest.mark.parametrize("name", ["ulacache dp, 3 groups, no pilot", "ulacache tp, 3 groups, no pilot"])
 def test_a_heavy_run_without_a_pilot_splits_before_its_caches_exist(name, monkeypatch):
     """Above SPLIT_FIRST_MIN_REFS references a step, a run without a pilot forks at once (no probe) and each process
     builds its own share's caches: the same metrics as one process."""
-    cfg = CASES.get(name) or _cfg("ulacache", "tp", 3, fidelity={"policy_groups": 0, "request_fraction": 1.0})
+    cfg = CASES.get(name) or _cfg("ulacache", "tp", 3, fidelity={"policy_groups": 3, "pilot_steps": 0})
     monkeypatch.setattr(sim.policy, "SPLIT_FIRST_MIN_REFS", 1)
     one = sim.replay(cfg, policy_workers=1)
     many = sim.replay(cfg, policy_workers=3)
