@@ -31,22 +31,16 @@ KEEP = ("decode_steps", "completed_requests", "max_admitted_concurrency", "gpu_h
         "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s", "policy_device_pool_bytes")
 
 
-def device_peak_bytes(backend: str) -> dict:
-    """What the backend's device allocator holds at the end (cupy's pool keeps freed blocks: its total is the peak
-    it ever needed at once, to the pool's rounding) and the device's used memory now (nvidia-smi's view)."""
+def device_view(backend: str) -> dict:
+    """The device's used memory at the end (nvidia-smi's view, every process's) and its name; what the device
+    allocators of all the replay's processes held is the replay's own `policy_device_pool_bytes`."""
     out: dict = {}
     if backend == "cupy":
         import cupy
 
-        out["cupy_pool_total_bytes"] = int(cupy.get_default_memory_pool().total_bytes())
         free, total = cupy.cuda.runtime.memGetInfo()
         out["device_used_bytes_at_end"] = int(total - free)
         out["device_name"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    elif backend == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            out["torch_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     return out
 
 
@@ -82,7 +76,7 @@ def child(spec: dict) -> None:
     if prof is not None:  # (wall includes the profiler's overhead)
         row["profile_top"] = profile_top(prof, int(spec["profile_top"]))
     row["main_process_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    row.update(device_peak_bytes(m["policy_backend"]))
+    row.update(device_view(m["policy_backend"]))
     print("RESULT " + json.dumps(row))
 
 

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from sim.policy_backend import cuda_context_here, device_pool_bytes
 from sim.tables import GroupTables
 
 # Group workers (sim/group_workers.py) are forked when the simulated groups' median step over the first PROBE_STEPS
@@ -301,7 +302,7 @@ class PolicyRunner:
         """The caches built after the split: over the processes now, before any exists (each process builds its own
         share), or all here on a device backend with a pilot or where this process holds a CUDA context already
         (children forked then could not use the device)."""
-        if self.device and (self.pilot_left or _cuda_context_here()):
+        if self.device and (self.pilot_left or cuda_context_here()):
             self.processes = 1
         self._probe_left = 0
         if self.processes > 1 and len(self.groups) > 1:
@@ -611,7 +612,7 @@ class PolicyRunner:
         """Drop the caches and tables of the groups not in `groups` (another process runs them); build those of
         `groups` not built yet (a device backend's, after the fork)."""
         keep = set(groups)
-        for g in list(self.caches) if not self.split_first else self.groups:
+        for g in self.groups:
             if g not in keep:
                 self.caches.pop(g, None)
                 self.tables.drop(g)
@@ -621,18 +622,8 @@ class PolicyRunner:
         release_memory()
 
     def device_pool_bytes(self) -> int:
-        """What this process's device allocator holds (cupy's pool: the most it needed at once, to its rounding;
-        torch on CUDA: its peak allocation); 0 on the host."""
-        import sys
-
-        if not self.device:
-            return 0
-        if "cupy" in sys.modules:
-            return int(sys.modules["cupy"].get_default_memory_pool().total_bytes())
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            return int(torch.cuda.max_memory_allocated())
-        return 0
+        """What this process's device allocator holds for its caches (sim/policy_backend.py); 0 on the host."""
+        return device_pool_bytes() if self.device else 0
 
     def close(self) -> None:
         """Stop the group workers (the sum of their largest private-memory samples: `worker_rss_bytes`)."""
@@ -811,21 +802,6 @@ class PolicyRunner:
 
 
 _divide, _copyto, _add_reduce = np.divide, np.copyto, np.add.reduce  # (the ufuncs without their wrappers' dispatch)
-
-
-def _cuda_context_here() -> bool:
-    """Whether this process holds a CUDA context already (cupy used before the replay, e.g. by an earlier run in
-    the same process): asked of the driver without initialising it."""
-    import sys
-
-    if "cupy" not in sys.modules:
-        return False
-    try:
-        from cupy.cuda import driver
-
-        return bool(driver.ctxGetCurrent())
-    except Exception:  # the driver not initialised (or none): no context
-        return False
 
 
 def _capacity_error():

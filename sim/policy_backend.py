@@ -44,6 +44,30 @@ except Exception:  # no driver, no device: none here
 """
 
 
+def cuda_context_here() -> bool:
+    """Whether this process holds a CUDA context already (cupy used before, e.g. by an earlier replay in the same
+    process): asked of the driver without initialising it."""
+    if "cupy" not in sys.modules:
+        return False
+    try:
+        from cupy.cuda import driver
+
+        return bool(driver.ctxGetCurrent())
+    except Exception:  # the driver not initialised (or none): no context
+        return False
+
+
+def device_pool_bytes() -> int:
+    """What this process's device allocator holds (cupy's pool: the most it needed at once, to its rounding; torch
+    on CUDA: its peak allocation); 0 where neither was used."""
+    if "cupy" in sys.modules:
+        return int(sys.modules["cupy"].get_default_memory_pool().total_bytes())
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    return 0
+
+
 def resolve(name: str | None) -> str:
     """The backend to run: `name` (None: $ULACACHE_POLICY_BACKEND, else numpy), `auto` resolved; ValueError (one
     line) for an unknown name or a backend this machine cannot run."""
