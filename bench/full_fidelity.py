@@ -26,6 +26,7 @@ from sim.policy_backend import CHOICES
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
+TICK_STEPS = 100  # a progress line every this many decode steps
 KEEP = ("decode_steps", "completed_requests", "max_admitted_concurrency", "gpu_hit_rate", "decode_throughput_tok_s",
         "policy_calls", "policy_groups_simulated", "request_sample_stride", "policy_backend", "policy_processes",
         "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s", "policy_device_pool_bytes")
@@ -55,6 +56,25 @@ def profile_top(prof, n: int) -> list[dict]:
              "cumulative_s": round(ct, 4)} for (f, line, name), (_, nc, tt, ct, _) in rows]
 
 
+def _ticker(t0: float, every: int):
+    """A progress callback printing `TICK decode steps, requests done, wall s` every `every` decode steps: what a cut
+    stopped at --max-wall-s had done by then (the parent keeps these lines)."""
+    steps = 0
+
+    def tick(done: int, total: int) -> None:
+        nonlocal steps
+        steps += 1
+        if steps % every == 0:
+            print(f"TICK {steps} {done} {time.perf_counter() - t0:.3f}", flush=True)
+    return tick
+
+
+def ticks_of(stdout) -> list[list[float]]:
+    """[decode steps, requests done, wall s] of each TICK line."""
+    text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
+    return [[float(x) for x in ln.split()[1:4]] for ln in text.splitlines() if ln.startswith("TICK ")]
+
+
 def child(spec: dict) -> None:
     """One replay in this (fresh) process; prints one JSON line."""
     import sim
@@ -67,8 +87,9 @@ def child(spec: dict) -> None:
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
-    m = sim.replay(spec["config"], None, overrides=spec["sets"], policy_workers=spec["workers"],
-                   policy_backend=spec["backend"], max_memory_gb=spec.get("max_memory_gb"))
+    m = sim.replay(spec["config"], None, progress=_ticker(t0, TICK_STEPS), overrides=spec["sets"],
+                   policy_workers=spec["workers"], policy_backend=spec["backend"],
+                   max_memory_gb=spec.get("max_memory_gb"))
     if prof is not None:
         prof.disable()
     row = {k: m.get(k) for k in KEEP}
@@ -88,17 +109,38 @@ def run_cut(args, steps: int | None) -> dict:
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
                               timeout=args.max_wall_s, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"steps": steps, "timed_out_after_s": args.max_wall_s}
+    except subprocess.TimeoutExpired as stopped:  # (its group workers end as their parent's pipes close)
+        return {"steps": steps, "timed_out_after_s": args.max_wall_s, "ticks": ticks_of(stopped.stdout)}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         return {"steps": steps, "failed": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
     row = json.loads(lines[-1][7:])
     row["steps"], row["process_wall_s"] = steps, time.perf_counter() - t0
+    row["ticks"] = ticks_of(proc.stdout)
     return row
 
 
+def from_ticks(ticks: list[list[float]], full_run_steps: int | None) -> dict:
+    """A stopped run's progress: steps and wall at its last tick, the wall per step over its second half, and with
+    the whole run's steps an estimate of its end."""
+    if len(ticks) < 2:
+        return {}
+    (s0, _, w0), (s1, done, w1) = ticks[(len(ticks) - 1) // 2], ticks[-1]
+    per = (w1 - w0) / (s1 - s0)
+    out = {"stopped_at_steps": int(s1), "stopped_requests_done": int(done), "stopped_wall_s": w1,
+           "stopped_s_per_decode_step": per}
+    if full_run_steps:
+        out["stopped_full_run_estimate_s"] = w1 + per * max(full_run_steps - s1, 0)
+    return out
+
+
 def derive(cuts: list[dict], full_run_steps: int | None) -> dict:
+    stopped = [c for c in cuts if c.get("timed_out_after_s") and len(c.get("ticks", [])) >= 2]
+    out = from_ticks(stopped[-1]["ticks"], full_run_steps) if stopped else {}
+    return {**out, **_from_cuts(cuts, full_run_steps)}
+
+
+def _from_cuts(cuts: list[dict], full_run_steps: int | None) -> dict:
     ok = [c for c in cuts if "wall_s" in c and c.get("steps")]
     if len(ok) < 2:
         return {}

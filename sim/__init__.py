@@ -8,7 +8,7 @@ are in ulacache_cli.
 from __future__ import annotations
 
 
-def replay(config, out_dir=None, progress: bool = False, trace_events=None, calibration=None, overrides=None,
+def replay(config, out_dir=None, progress=False, trace_events=None, calibration=None, overrides=None,
            max_memory_gb=None, policy_workers=1, policy_backend=None):
     from sim.run import replay as _replay
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -254,11 +255,13 @@ def _execution_metrics(engine: Engine, est: dict, backend: str) -> dict:
     return out
 
 
-def replay(config: dict | str | Path, out_dir: Path | None = None, progress: bool = False,
+def replay(config: dict | str | Path, out_dir: Path | None = None,
+           progress: bool | Callable[[int, int], None] = False,
            trace_events: Path | None = None, calibration: Path | None = None,
            overrides: list[str] | None = None, max_memory_gb: float | None = None,
            policy_workers: int | None = 1, policy_backend: str | None = None) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
+    `progress`: True for a progress bar, or a callable(requests done, requests) called after each decode step.
 
     Before simulating, its peak memory is estimated (sim/footprint.py); above `max_memory_gb` or what the machine
     has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written.
@@ -321,6 +324,8 @@ class _progress:
         self.t0 = time.perf_counter()
 
     def __enter__(self):
+        if callable(self.enabled):  # the caller's own callback(done, total), called once a decode step
+            return self.enabled
         if not self.enabled:
             return None
         return self._tick

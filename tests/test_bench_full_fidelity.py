@@ -1,0 +1,45 @@
+"""bench/full_fidelity.py: its progress ticks (a cut stopped at --max-wall-s keeps what it had done) and what it
+derives from them; sim.replay's callable progress that feeds them."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import sim
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = {"system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "num_gpus": 8}, "policy": "pb-lru",
+       "cpu_storage": True, "model": {"preset": "glm-5"},
+       "workload": {"num_requests": 4, "max_concurrency": 4, "seed": 3, "max_steps": 30}}
+
+
+@pytest.fixture(scope="module")
+def ff():
+    spec = importlib.util.spec_from_file_location("full_fidelity", ROOT / "bench" / "full_fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replay_calls_a_progress_callable_once_a_decode_step():
+    calls = []
+    m = sim.replay(CFG, progress=lambda done, total: calls.append((done, total)))
+    assert len(calls) == m["decode_steps"] == 30
+    assert all(total == 4 for _, total in calls) and [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_ticker_prints_every_n_steps_and_the_parent_reads_them(ff, capsys):
+    tick = ff._ticker(0.0, 2)
+    for _ in range(5):
+        tick(1, 4)
+    ticks = ff.ticks_of(capsys.readouterr().out.encode())  # (a stopped child's output comes back as bytes)
+    assert [t[:2] for t in ticks] == [[2.0, 1.0], [4.0, 1.0]] and ticks[1][2] >= ticks[0][2] > 0
+
+
+def test_a_stopped_cut_estimates_the_whole_run_from_its_second_half(ff):
+    ticks = [[100, 0, 30.0], [200, 1, 40.0], [300, 2, 52.0], [400, 3, 64.0]]
+    got = ff.derive([{"steps": None, "timed_out_after_s": 70, "ticks": ticks}], 1000)
+    assert got["stopped_at_steps"] == 400 and got["stopped_requests_done"] == 3
+    assert got["stopped_s_per_decode_step"] == pytest.approx(0.12)  # from step 200 on, not the start-up's 0.3
+    assert got["stopped_full_run_estimate_s"] == pytest.approx(64 + 0.12 * 600)
+    assert ff.derive([{"steps": None, "timed_out_after_s": 70, "ticks": ticks[:1]}], 1000) == {}
