@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-DENSE_LIMIT_BYTES = 256 << 20  # per cache, all ranks together; above it the local buffers use hash maps
+# Per cache, all ranks together; above it the local buffers use hash maps. The binding bound is usually
+# DENSE_OVER_HASH (below); this one caps a table whose buffers are huge. At 256 MiB it sent paper-scale TP full
+# fidelity to hash maps at ~8.8M addresses (int32 cells: 32 B per address at 8 ranks) although hash maps sized by
+# that buffer (552,650 slots a rank) take ~400 MB; dense, one group's steps 8-300 took 0.25 s against 0.87 s, its
+# whole run (2,146 steps, up to 16.4M addresses) 201 s, at the same peak RSS (bench/results/dense_slot_maps_ab.json).
+DENSE_LIMIT_BYTES = 1 << 30
 _EMPTY, _TOMB = -1, -2
 _WINDOW = 8  # probe steps per round of a vectorized lookup
 _SCALAR_TAIL = 32  # probe rounds with at most this many keys pending run in plain Python (no per-round array calls)
