@@ -584,18 +584,19 @@ class PolicyRunner:
         return out, self.capacity_splits - splits
 
     def _fork_workers(self) -> None:
-        """Split the simulated groups over `processes` (round robin in group order; this process keeps the
-        first share) and fork a child for each other share."""
+        """Split the simulated groups over `processes` (round robin in group order) and fork a child for each share
+        but the last, which this process keeps: the smallest where they differ, as this process also runs the
+        engine."""
         from sim.group_workers import GroupWorkers
 
         n = min(self.processes, len(self.groups))
         if n < 2:
             return
         shares = [self.groups[i::n] for i in range(n)]
-        self.workers = GroupWorkers(self, shares[1:])
+        self.workers = GroupWorkers(self, shares[:-1])
         self.processes_used = n
         self.after_fork()
-        self.keep_groups(shares[0])
+        self.keep_groups(shares[-1])
 
     def after_fork(self) -> None:
         """In each process of a split (the children call it first): torch computes in this process's thread only.
