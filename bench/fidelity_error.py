@@ -15,6 +15,8 @@ Usage: python bench/fidelity_error.py [--cap 64] [--steps-on 160] [--steps-off 3
        python bench/fidelity_error.py --add groups_all,requests_all --only NAMES   (one-knob variants, or a rerun
                                       of default/full replays at this commit, into the JSON)
        python bench/fidelity_error.py --summarize [--write-table]   (rebuild the table from the JSON only)
+       python bench/fidelity_error.py --paper --only NAMES [--policy-workers N] [--full-from JSON...]   (paper
+                                      scale, unscaled whole runs; full ones from bench/full_fidelity.py whole runs)
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from traces.atomic import atomic_write_text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "fidelity_error.json"
+OUT_PAPER = ROOT / "bench" / "results" / "fidelity_error_paper.json"
 TABLE = ROOT / "sim" / "data" / "sampling_error.json"
 CONFIGS = tuple(f"paper-{hw}-{att}-spec{spec}" for hw in ("h200", "b300") for att in ("dp", "tp")
                 for spec in ("on", "off"))
@@ -53,6 +56,9 @@ def scale_overrides(config: Path, cap: int, steps_on: int, steps_off: int, seed:
 
     cfg = build(load_config(config, []))
     budget = budget_for(cfg)
+    if not cap:  # --paper: the config as committed, its whole run (only the seed named)
+        return [f"workload.seed={seed}"], {"factor": 1.0, "paper": {"fidelity": cfg.raw["fidelity"]},
+                                           "overrides": [f"workload.seed={seed}"]}
     factor = cap / cfg.workload.max_concurrency
     steps = steps_on if cfg.spec.draft_tokens > 0 else steps_off
     requests = 2 * cap  # requests wait at any admission ceiling, so each run has a steady window
@@ -81,15 +87,15 @@ def child(payload: str) -> int:
     import sim
 
     args = json.loads(payload)
-    m = sim.replay(args["config"], overrides=args["overrides"], policy_workers=1)
+    m = sim.replay(args["config"], overrides=args["overrides"], policy_workers=args.get("workers", 1))
     print("RESULT " + json.dumps({k: m.get(k) for k in KEEP}), flush=True)
     return 0
 
 
-def _start(key: str, config: Path, sets: list[str]) -> dict:
+def _start(key: str, config: Path, sets: list[str], workers: int = 1) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "RAY_ADDRESS": ""}
-    payload = json.dumps({"config": str(config), "overrides": sets})
+    payload = json.dumps({"config": str(config), "overrides": sets, "workers": workers})
     proc = subprocess.Popen([sys.executable, __file__, "--child", payload], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return {"key": key, "proc": proc, "t0": time.perf_counter(), "overrides": sets}
@@ -104,12 +110,14 @@ def _finish(job: dict) -> dict:
     return rec | {"status": "error", "error": f"exit {job['proc'].returncode}", "log_tail": out.splitlines()[-5:]}
 
 
-def run_all(todo: list[tuple[str, Path, list[str]]], jobs: int, min_free_gb: float, on_record) -> None:
-    """Run the replays `jobs` at a time (a second starts only while `min_free_gb` is available)."""
+def run_all(todo: list[tuple[str, Path, list[str]]], jobs: int, min_free_gb: float, on_record,
+            workers: int = 1) -> None:
+    """Run the replays `jobs` at a time (a second starts only while `min_free_gb` is available), each with its
+    policy groups over `workers` processes."""
     queue, running = list(todo), []
     while queue or running:
         while queue and len(running) < jobs and (not running or mem_available_bytes() / 1e9 >= min_free_gb):
-            running.append(_start(*queue.pop(0)))
+            running.append(_start(*queue.pop(0), workers))
         for job in list(running):
             if job["proc"].poll() is not None:
                 running.remove(job)
@@ -224,7 +232,8 @@ def _f(v, fmt):
 def markdown(data: dict) -> str:
     meta = data["meta"]
     commits = sorted({r.get("commit", meta["commit"]) for r in data["records"].values()})
-    lines = [f"# Sampling error of default fidelity (reduced scale; records from commit {', '.join(commits)})", "",
+    label = meta["scale"].get("label", "reduced scale")
+    lines = [f"# Sampling error of default fidelity ({label}; records from commit {', '.join(commits)})", "",
              f"{meta['date']} · `{meta['command']}` · {meta['machine']}", ""]
     lines += [f"Then {c['date']} · `{c['command']}` (commit {c['commit']})" for c in meta.get("later_calls", [])]
     lines += ["", meta["scale"]["description"], "",
@@ -311,10 +320,16 @@ def _commit() -> str:
         return "unknown"
 
 
-def _meta(args, scales: dict) -> dict:
+def _scale_text(args) -> tuple[str, str, str]:
+    """(label, summary, description) of the study's scale."""
+    if args.paper:
+        summary = (f"paper scale: each config as committed, its whole run, seed {args.seed}, "
+                   f"{args.policy_workers} policy process(es) per replay")
+        return "paper scale", summary, (summary[0].upper() + summary[1:] + ". Full replays measured on another "
+                                        "machine come from bench/full_fidelity.py whole runs (--full-from).")
     summary = (f"cap {args.cap} (paper 256), {2 * args.cap} requests, GPU/CPU KV budgets per GPU x {args.cap}/256, "
                f"max_steps {args.steps_on} (spec on) / {args.steps_off} (off), seed {args.seed}, 1 policy process")
-    desc = ("Reduced scale, not the paper scale: " + summary + ". Why: a full-fidelity replay at paper scale takes "
+    return "reduced scale", summary, ("Reduced scale, not the paper scale: " + summary + ". Why: a full-fidelity replay at paper scale takes "
             "~2.2 h on 16 cores; scaling the cap and both KV budgets by the same factor keeps the pool "
             "slots per running request (the cache pressure) and the share admitted as at paper scale; 2 x cap "
             "requests (B300's own ratio; H200's configs draw 256 at cap 256, which at this scale would all be "
@@ -323,13 +338,17 @@ def _meta(args, scales: dict) -> dict:
             "space, so the default samples max(1, round(n / 16)) of a space's n: here 1 per DP rank (n = 8) and 2-4 "
             "under TP (n = 36-64); at paper scale a space runs up to 4x as many, and the default samples up to 4x as "
             "many requests per space.")
+
+
+def _meta(args, scales: dict) -> dict:
+    label, summary, desc = _scale_text(args)
     return {"bench": "fidelity_error",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "bench/fidelity_error.py", *sys.argv[1:]]), "commit": _commit(),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                         "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
                         "load_avg_before": os.getloadavg()},
-            "scale": {"summary": summary, "description": desc, "cap": args.cap, "steps_on": args.steps_on,
+            "scale": {"label": label, "summary": summary, "description": desc, "cap": args.cap, "steps_on": args.steps_on,
                       "steps_off": args.steps_off, "seed": args.seed, "per_config": scales},
             "full_overrides": FULL}
 
@@ -350,10 +369,19 @@ def main(argv=None) -> int:
     ap.add_argument("--add", default="", help="comma-separated replays of --only's configs (default, full, "
                     "groups_all, requests_all, matched) to (re)run into --out, which must hold the study (its scale)")
     ap.add_argument("--write-table", action="store_true", help=f"also write {TABLE.relative_to(ROOT)}")
+    ap.add_argument("--paper", action="store_true", help=f"no scale-down: each config's whole run (out: "
+                    f"{OUT_PAPER.relative_to(ROOT)}; no matched replays)")
+    ap.add_argument("--policy-workers", type=int, default=1, help="processes for each replay's policy groups")
+    ap.add_argument("--full-from", nargs="*", type=Path, default=[], metavar="JSON",
+                    help="take the full replays from bench/full_fidelity.py whole runs (e.g. a device machine's) "
+                         "instead of running them")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args.child)
+    if args.paper:
+        args.cap = 0
+        args.out = str(OUT_PAPER) if args.out == str(OUT) else args.out
     out = Path(args.out)
     if args.summarize:
         try:
@@ -377,12 +405,13 @@ def run_study(args, out: Path) -> dict:
     names = [n for n in args.only.split(",") if n] or list(CONFIGS)
     scales = {n: scale_overrides(ROOT / "configs" / f"{n}.yaml", args.cap, args.steps_on, args.steps_off, args.seed)
               for n in names}
-    data = {"meta": _meta(args, {n: s[1] for n, s in scales.items()}), "records": {}}
+    data = {"meta": _meta(args, {n: s[1] for n, s in scales.items()}), "records": full_records(args.full_from)}
     todo = [(f"{n}/full", ROOT / "configs" / f"{n}.yaml", scales[n][0] + FULL)
-            for n in sorted(names, key=lambda n: "b300" not in n)]  # B300 admits more: the longest first
+            for n in sorted(names, key=lambda n: "b300" not in n)  # B300 admits more: the longest first
+            if f"{n}/full" not in data["records"]]
     todo += [(f"{n}/default", ROOT / "configs" / f"{n}.yaml", scales[n][0]) for n in names]
     todo += [(f"{n}/matched", ROOT / "configs" / f"{n}.yaml", scales[n][0] + matched_overrides(scales[n][1]))
-             for n in names]
+             for n in names if not args.paper]  # (at paper scale it is the default)
 
     def on_record(key: str, rec: dict) -> None:
         data["records"][key] = rec | {"commit": _commit()}
@@ -393,8 +422,30 @@ def run_study(args, out: Path) -> dict:
               f"tok/s {m.get('decode_throughput_tok_s', 0) or 0:8.0f}  window {m.get('steady_window_steps')}  "
               f"rss {(m.get('peak_rss_bytes') or 0) / 1e9:.2f} GB {rec.get('error', '')}", flush=True)
 
-    run_all(todo, args.jobs, args.min_free_gb, on_record)
+    run_all(todo, args.jobs, args.min_free_gb, on_record, args.policy_workers)
     return data
+
+
+def full_records(paths: list[Path]) -> dict:
+    """`<config>/full` records from bench/full_fidelity.py JSONs: each one's whole run (a cut of 0 steps that
+    ended), of a paper config with no other --set, its commit and machine named."""
+    from sim.config import build, load_config
+
+    out = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        name = Path(data["config"]).stem
+        whole = [c for c in data["cuts"] if c.get("steps") is None and "wall_s" in c]
+        if name not in CONFIGS or data.get("sets") or not whole:
+            raise ValueError(f"{path}: not a whole full-fidelity run of a paper config without --set")
+        cfg = build(load_config(ROOT / data["config"], []))
+        fields = {"hardware": cfg.hardware.name, "attention": cfg.attention, "draft_tokens": cfg.spec.draft_tokens,
+                  "system": cfg.system, "num_requests": cfg.workload.num_requests}
+        out[f"{name}/full"] = {"status": "ok", "wall_s": whole[-1]["wall_s"], "overrides": FULL,
+                               "metrics": {**{k: whole[-1].get(k) for k in KEEP}, **fields},
+                               "commit": data.get("tree") or data.get("git_commit"), "source": str(path),
+                               "machine": data.get("device_kind") or data.get("machine")}
+    return out
 
 
 def _simulated(rec: dict) -> dict:
@@ -429,7 +480,7 @@ def run_added(args, out: Path) -> dict:
         print(f"{key:34s} {rec['status']:6s} {rec['wall_s']:7.1f} s  hit "
               f"{rec.get('metrics', {}).get('gpu_hit_rate', 0) or 0:.3f}", flush=True)
 
-    run_all(todo, args.jobs, args.min_free_gb, on_record)
+    run_all(todo, args.jobs, args.min_free_gb, on_record, args.policy_workers)
     return data
 
 

@@ -1,6 +1,7 @@
 """bench/full_fidelity.py: its progress ticks (a cut stopped at --max-wall-s keeps what it had done) and what it
 derives from them; sim.replay's callable progress that feeds them."""
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,23 @@ def test_a_stopped_cut_estimates_the_whole_run_from_its_second_half(ff):
     assert got["stopped_s_per_decode_step"] == pytest.approx(0.12)  # from step 200 on, not the start-up's 0.3
     assert got["stopped_full_run_estimate_s"] == pytest.approx(64 + 0.12 * 600)
     assert ff.derive([{"steps": None, "timed_out_after_s": 70, "ticks": ticks[:1]}], 1000) == {}
+
+
+def test_fidelity_error_takes_a_whole_full_run_from_a_full_fidelity_json(tmp_path):
+    spec = importlib.util.spec_from_file_location("fidelity_error", ROOT / "bench" / "fidelity_error.py")
+    fe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fe)
+    cut = {"steps": None, "wall_s": 321.0, "gpu_hit_rate": 0.5, "decode_throughput_tok_s": 4000.0,
+           "steady_mean_concurrency": 140.0, "tpot_ms_p50": 30.0, "steady_window_steps": 400}
+    ok = {"config": "configs/paper-h200-dp-specon.yaml", "sets": [], "cuts": [{"steps": 8, "wall_s": 9.0}, cut],
+          "tree": "abc1234", "device_kind": "H100"}
+    (tmp_path / "ok.json").write_text(json.dumps(ok))
+    rec = fe.full_records([tmp_path / "ok.json"])["paper-h200-dp-specon/full"]
+    assert rec["status"] == "ok" and rec["commit"] == "abc1234" and rec["wall_s"] == 321.0
+    assert rec["metrics"]["gpu_hit_rate"] == 0.5 and rec["metrics"]["attention"] == "dp"
+    assert rec["metrics"]["hardware"] == "h200" and rec["metrics"]["draft_tokens"] > 0
+    for bad in ({**ok, "sets": ["workload.max_concurrency=64"]}, {**ok, "cuts": [{"steps": None,
+                                                                                   "timed_out_after_s": 60}]}):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="not a whole full-fidelity run"):
+            fe.full_records([tmp_path / "bad.json"])
