@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "fidelity_error.json"
 OUT_PAPER = ROOT / "bench" / "results" / "fidelity_error_paper.json"
 TABLE = ROOT / "sim" / "data" / "sampling_error.json"
+TABLE_PAPER = ROOT / "sim" / "data" / "sampling_error_paper.json"
 CONFIGS = tuple(f"paper-{hw}-{att}-spec{spec}" for hw in ("h200", "b300") for att in ("dp", "tp")
                 for spec in ("on", "off"))
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
@@ -279,7 +280,7 @@ def _other_seeds(extra: list[Path]) -> dict:
     return out
 
 
-def write_table(data: dict, path: Path, extra: list[Path] = ()) -> None:
+def write_table(data: dict, path: Path, extra: list[Path] = (), source: Path = OUT) -> None:
     """The lookup table sim/sampling_error.py reads: per config its match keys, errors and provenance."""
     meta = data["meta"]
     others = _other_seeds(list(extra))
@@ -291,7 +292,7 @@ def write_table(data: dict, path: Path, extra: list[Path] = ()) -> None:
                "request_sample_stride_matched", "sampled_per_space_matched")
     commits = sorted({r.get("commit", meta["commit"]) for r in data["records"].values()})
     date = max([meta["date"]] + [c["date"] for c in meta.get("later_calls", [])])  # the last call that ran replays
-    table = {"source": "bench/results/fidelity_error.json", "date": date, "commit": ", ".join(commits),
+    table = {"source": str(source.resolve().relative_to(ROOT)), "date": date, "commit": ", ".join(commits),
              "scale": meta["scale"]["summary"],
              "definition": "error = default-fidelity figure - full-fidelity figure of the same reduced-scale run: "
                            "hit rate in points, steady tok/s and TPOT p50 in percent",
@@ -368,7 +369,8 @@ def main(argv=None) -> int:
                     help="with --write-table: the same study at another seed, listed per row as other_seeds")
     ap.add_argument("--add", default="", help="comma-separated replays of --only's configs (default, full, "
                     "groups_all, requests_all, matched) to (re)run into --out, which must hold the study (its scale)")
-    ap.add_argument("--write-table", action="store_true", help=f"also write {TABLE.relative_to(ROOT)}")
+    ap.add_argument("--write-table", action="store_true", help=f"also write {TABLE.relative_to(ROOT)} (--paper: "
+                    f"{TABLE_PAPER.relative_to(ROOT)})")
     ap.add_argument("--paper", action="store_true", help=f"no scale-down: each config's whole run (out: "
                     f"{OUT_PAPER.relative_to(ROOT)}; no matched replays)")
     ap.add_argument("--policy-workers", type=int, default=1, help="processes for each replay's policy groups")
@@ -395,7 +397,7 @@ def main(argv=None) -> int:
         data = run_study(args, out)
     save(data, out)
     if args.write_table:
-        write_table(data, TABLE, args.table_extra)
+        write_table(data, TABLE_PAPER if args.paper else TABLE, args.table_extra, out)
     print(out.with_suffix(".md").read_text())
     return 0
 

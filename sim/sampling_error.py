@@ -11,6 +11,9 @@ measurement at other seeds where the table has them (`other_seeds`: the spread b
 Where the table has it, `paper_matched` is the error of the same reduced run with the request sample a default run
 takes at paper scale (as many requests per admission space, the same pool slots per sampled request): the closer
 estimate for a paper-scale default run, whose spaces sample several times more requests than the reduced default.
+Where the same comparison was made at paper scale (`bench/fidelity_error.py --paper --write-table`: whole runs of
+the configs as committed, the full ones on a machine with the cores for them), that row comes under `paper_scale`
+in `sim/data/sampling_error_paper.json`'s provenance.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "sampling_error.json"
+PAPER_TABLE_PATH = Path(__file__).resolve().parent / "data" / "sampling_error_paper.json"  # (`--paper`)
 ERROR_KEYS = ("hit_rate_error_points", "tok_s_error_pct", "tpot_p50_error_pct")
 MATCHED_KEYS = tuple(f"{k}_matched" for k in ERROR_KEYS)
 
@@ -44,11 +48,8 @@ def _key(hardware: str, attention: str, spec: bool, system: str) -> tuple:
     return (str(hardware), str(attention), bool(spec), str(system))
 
 
-def sampling_error(cfg, path: Path = TABLE_PATH) -> dict | None:
-    """The measured error (default - full) of the matching configuration with its provenance; None for an
-    unsampled run, a configuration that was not measured, or a missing table."""
-    if not is_sampled(cfg):
-        return None
+def _match(cfg, path: Path) -> tuple[dict, dict] | None:
+    """(table, the row of the run's configuration) of the table at `path`, if it exists and has one."""
     try:
         table = load_table(Path(path))
     except FileNotFoundError:
@@ -56,8 +57,26 @@ def sampling_error(cfg, path: Path = TABLE_PATH) -> dict | None:
     want = _key(cfg.hardware.name, cfg.attention, cfg.spec.draft_tokens > 0, cfg.system)
     row = next((r for r in table["rows"]
                 if _key(r["hardware"], r["attention"], r["spec"], r["system"]) == want), None)
-    if row is None:
+    return None if row is None else (table, row)
+
+
+def sampling_error(cfg, path: Path = TABLE_PATH, paper_path: Path = PAPER_TABLE_PATH) -> dict | None:
+    """The measured error (default - full) of the matching configuration with its provenance (the reduced-scale
+    table's, else the paper-scale one's), and under `paper_scale` the paper-scale measurement where one was made;
+    None for an unsampled run or a configuration measured in neither table."""
+    if not is_sampled(cfg):
         return None
+    found, paper = _match(cfg, path), _match(cfg, paper_path)
+    if found is None and paper is None:
+        return None
+    out = _measured(cfg, *(found or paper))
+    if paper is not None and found is not None:
+        out["paper_scale"] = {k: v for k, v in _measured(cfg, *paper).items() if k != "other_seeds"}
+    return out
+
+
+def _measured(cfg, table: dict, row: dict) -> dict:
+    """One table's row as the metrics state it, with the table's provenance."""
     fid = cfg.fidelity
     measured = row.get("default_fidelity") or {}
     same = bool(measured) and all(measured.get(k) == getattr(fid, k) for k in measured)

@@ -41,14 +41,26 @@ def test_match_returns_the_row_and_its_provenance(tmp_path):
 
 
 def test_no_match_and_full_run_give_none(tmp_path):
-    path = _table(tmp_path, [ROW])
-    assert sampling_error(_cfg("paper-h200-tp-specon", ["system=sglang"]), path) is None
-    assert sampling_error(_cfg("paper-b300-tp-specon"), path) is None
-    assert sampling_error(_cfg("paper-h200-dp-specon"), path) is None
-    assert sampling_error(_cfg("paper-h200-tp-specoff"), path) is None
+    path, none = _table(tmp_path, [ROW]), tmp_path / "no_paper_table.json"
+    assert sampling_error(_cfg("paper-h200-tp-specon", ["system=sglang"]), path, none) is None
+    assert sampling_error(_cfg("paper-b300-tp-specon"), path, none) is None
+    assert sampling_error(_cfg("paper-h200-dp-specon"), path, none) is None
+    assert sampling_error(_cfg("paper-h200-tp-specoff"), path, none) is None
     full = _cfg("paper-h200-tp-specon", FULL)
     assert not is_sampled(full) and sampling_error(full, path) is None
-    assert sampling_error(_cfg("paper-h200-tp-specon"), tmp_path / "missing.json") is None
+    assert sampling_error(_cfg("paper-h200-tp-specon"), tmp_path / "missing.json", none) is None
+
+
+def test_a_paper_scale_measurement_comes_beside_the_reduced_one(tmp_path):
+    reduced = _table(tmp_path, [ROW])
+    (tmp_path / "paper").mkdir()
+    paper = _table(tmp_path / "paper", [{**ROW, "hit_rate_error_points": 0.5}, {**ROW, "attention": "dp",
+                                                                               "config": "paper-h200-dp-specon"}])
+    got = sampling_error(_cfg("paper-h200-tp-specon"), reduced, paper)
+    assert got["hit_rate_error_points"] == 12.5 and got["paper_scale"]["hit_rate_error_points"] == 0.5
+    only_paper = sampling_error(_cfg("paper-h200-dp-specon"), reduced, paper)  # (the reduced table lacks it)
+    assert only_paper["measured_config"] == "paper-h200-dp-specon" and "paper_scale" not in only_paper
+    assert sampling_error(_cfg("paper-h200-tp-specon"), reduced, tmp_path / "none.json").get("paper_scale") is None
 
 
 def test_any_sampling_knob_counts_as_sampled():
