@@ -68,3 +68,21 @@ def refused_replay(capsys):
         assert err.startswith("ulacache: error:") and "\n" not in err, err
         return err
     return run
+
+
+@pytest.fixture(scope="session")
+def bench_module():
+    """A loader of bench/ scripts as modules (bench/ holds scripts, not a package): bench_module("paper_configs")."""
+    import importlib.util
+    from pathlib import Path
+
+    loaded: dict = {}
+
+    def load(name: str):
+        if name not in loaded:
+            path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+            spec = importlib.util.spec_from_file_location(name, path)
+            loaded[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(loaded[name])
+        return loaded[name]
+    return load

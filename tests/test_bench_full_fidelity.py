@@ -1,6 +1,5 @@
 """bench/full_fidelity.py: its progress ticks (a cut stopped at --max-wall-s keeps what it had done) and what it
 derives from them; sim.replay's callable progress that feeds them."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,11 +14,8 @@ CFG = {"system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "
 
 
 @pytest.fixture(scope="module")
-def ff():
-    spec = importlib.util.spec_from_file_location("full_fidelity", ROOT / "bench" / "full_fidelity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def ff(bench_module):
+    return bench_module("full_fidelity")
 
 
 def test_replay_calls_a_progress_callable_once_a_decode_step():
@@ -46,10 +42,8 @@ def test_a_stopped_cut_estimates_the_whole_run_from_its_second_half(ff):
     assert ff.derive([{"steps": None, "timed_out_after_s": 70, "ticks": ticks[:1]}], 1000) == {}
 
 
-def test_fidelity_error_takes_a_whole_full_run_from_a_full_fidelity_json(tmp_path):
-    spec = importlib.util.spec_from_file_location("fidelity_error", ROOT / "bench" / "fidelity_error.py")
-    fe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fe)
+def test_fidelity_error_takes_a_whole_full_run_from_a_full_fidelity_json(tmp_path, bench_module):
+    fe = bench_module("fidelity_error")
     cut = {"steps": None, "wall_s": 321.0, "gpu_hit_rate": 0.5, "decode_throughput_tok_s": 4000.0,
            "steady_mean_concurrency": 140.0, "tpot_ms_p50": 30.0, "steady_window_steps": 400}
     ok = {"config": "configs/paper-h200-dp-specon.yaml", "sets": [], "cuts": [{"steps": 8, "wall_s": 9.0}, cut],

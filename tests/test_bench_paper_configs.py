@@ -1,5 +1,4 @@
 """bench/paper_configs.py: the grid, resume and the summary table (no replay runs here)."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,11 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def pc():
-    spec = importlib.util.spec_from_file_location("paper_configs", ROOT / "bench" / "paper_configs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def pc(bench_module):
+    return bench_module("paper_configs")
 
 
 def _ok(**metrics):
