@@ -1,13 +1,11 @@
 """bench/full_fidelity.py: its progress ticks (a cut stopped at --max-wall-s keeps what it had done) and what it
 derives from them; sim.replay's callable progress that feeds them."""
 import json
-from pathlib import Path
 
 import pytest
 
 import sim
 
-ROOT = Path(__file__).resolve().parents[1]
 CFG = {"system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "num_gpus": 8}, "policy": "pb-lru",
        "cpu_storage": True, "model": {"preset": "glm-5"},
        "workload": {"num_requests": 4, "max_concurrency": 4, "seed": 3, "max_steps": 30}}

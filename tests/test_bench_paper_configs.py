@@ -1,10 +1,7 @@
 """bench/paper_configs.py: the grid, resume and the summary table (no replay runs here)."""
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
