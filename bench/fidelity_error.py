@@ -294,7 +294,7 @@ def write_table(data: dict, path: Path, extra: list[Path] = (), source: Path = O
     date = max([meta["date"]] + [c["date"] for c in meta.get("later_calls", [])])  # the last call that ran replays
     table = {"source": str(source.resolve().relative_to(ROOT)), "date": date, "commit": ", ".join(commits),
              "scale": meta["scale"]["summary"],
-             "definition": "error = default-fidelity figure - full-fidelity figure of the same reduced-scale run: "
+             "definition": "error = default-fidelity figure - full-fidelity figure of the same run (the scale: `scale`): "
                            "hit rate in points, steady tok/s and TPOT p50 in percent",
              "rows": [{**{k: r[k] for k in keep}, **{k: r[k] for k in matched if k in r},
                        "default_fidelity": meta["scale"]["per_config"][r["config"]]["paper"]["fidelity"],

@@ -107,3 +107,17 @@ def test_paper_matched_error_when_the_table_has_it(tmp_path):
     assert pm["other_seeds"] == [{"seed": 1, "hit_rate_error_points": 0.9, "tok_s_error_pct": 0.1,
                                   "tpot_p50_error_pct": 0.0}]
     assert "paper_matched" not in sampling_error(_cfg("paper-h200-tp-specoff"), path)
+
+
+def test_committed_paper_table_is_its_bench_result():
+    from sim.sampling_error import PAPER_TABLE_PATH
+
+    table = load_table(PAPER_TABLE_PATH)
+    source = json.loads((ROOT / table["source"]).read_text())
+    assert source["meta"]["scale"]["label"] == "paper scale" and table["rows"]
+    by_config = {r["config"]: r for r in source["table"]}
+    for row in table["rows"]:
+        for key in ("hit_rate_error_points", "tok_s_error_pct", "hit_rate_default", "hit_rate_full"):
+            assert row[key] == pytest.approx(by_config[row["config"]][key]), key
+    got = sampling_error(_cfg(table["rows"][0]["config"]))
+    assert got["paper_scale"]["hit_rate_error_points"] == pytest.approx(table["rows"][0]["hit_rate_error_points"])
