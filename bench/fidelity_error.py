@@ -329,7 +329,8 @@ def _scale_text(args) -> tuple[str, str, str]:
         return "paper scale", summary, (summary[0].upper() + summary[1:] + ". Full replays measured on another "
                                         "machine come from bench/full_fidelity.py whole runs (--full-from).")
     summary = (f"cap {args.cap} (paper 256), {2 * args.cap} requests, GPU/CPU KV budgets per GPU x {args.cap}/256, "
-               f"max_steps {args.steps_on} (spec on) / {args.steps_off} (off), seed {args.seed}, 1 policy process")
+               f"max_steps {args.steps_on} (spec on) / {args.steps_off} (off), seed {args.seed}, "
+               f"{args.policy_workers} policy process(es) per replay")
     return "reduced scale", summary, ("Reduced scale, not the paper scale: " + summary + ". Why: a full-fidelity replay at paper scale takes "
             "~2.2 h on 16 cores; scaling the cap and both KV budgets by the same factor keeps the pool "
             "slots per running request (the cache pressure) and the share admitted as at paper scale; 2 x cap "

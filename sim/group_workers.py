@@ -3,16 +3,18 @@
 Each group's cache is independent of the others' (its own pools, its own selections: `select` is pure in the
 request, step and group), so the groups can run side by side. A `GroupWorkers` forks processes from the
 `PolicyRunner` as it stands (copy on write: nothing is pickled); each child keeps its share of the groups and drops
-the rest, the parent drops the children's. On a device backend the runner forks before it has built any cache, and
-each process builds its own share (`keep_groups`): a CUDA context does not survive a fork. From then on the parent sends each child the per-group halves of the
-runner's calls (admit, grow, release, step) in the order it makes them, runs its own groups meanwhile, and merges
-the children's results in group order, so every metric is the same bit for bit as with one process.
+the rest, the parent drops the children's. On a device backend, and in a heavy run without a pilot, the runner
+forks before it has built any cache and each process builds its own share (`keep_groups`; a CUDA context does not
+survive a fork). The parent keeps the last round-robin share, the smallest where they differ, as it also runs the
+engine. From then on the parent sends each child the per-group halves of the runner's calls (admit, grow, release,
+step) in the order it makes them, runs its own groups meanwhile, and merges the children's results in group order,
+so every metric is the same bit for bit as with one process.
 
-    parent (groups 0, 2, ..)           child 1 (groups 1, 3, ..)
-    send step ------------------------> recv step
+    child 1 (groups 0, 2, ..)          parent (groups 1, 3, ..)
+    recv step <------------------------ send step
     step own groups                     step own groups
-    recv results <--------------------- send results
-    merge in group order, ratios
+    send results ----------------------> recv results
+                                        merge in group order, ratios
 
 Calls whose results the parent does not need (grow, release) are queued and go with the next call that waits for
 its result (one message a step at batch size 1, not two); they get no reply unless they fail, and a failure is
