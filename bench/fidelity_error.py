@@ -369,7 +369,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table-extra", action="append", default=[], type=Path,
                     help="with --write-table: the same study at another seed, listed per row as other_seeds")
     ap.add_argument("--add", default="", help="comma-separated replays of --only's configs (default, full, "
-                    "groups_all, requests_all, matched) to (re)run into --out, which must hold the study (its scale)")
+                    "groups_all, requests_all, matched) to (re)run into --out, which must hold the study (its scale; "
+                    "a config new to it joins at that scale; --full-from records join too)")
     ap.add_argument("--write-table", action="store_true", help=f"also write {TABLE.relative_to(ROOT)} (--paper: "
                     f"{TABLE_PAPER.relative_to(ROOT)})")
     ap.add_argument("--paper", action="store_true", help=f"no scale-down: each config's whole run (out: "
@@ -457,6 +458,15 @@ def _simulated(rec: dict) -> dict:
             if k not in ("sim_wall_s", "peak_rss_bytes", "est_peak_memory_bytes")}
 
 
+def _merge(data: dict, key: str, rec: dict) -> None:
+    """Put `rec` into the study; a rerun whose simulated results moved keeps the old record, named."""
+    old = data["records"].get(key)
+    if old and _simulated(old) != _simulated(rec):
+        data.setdefault("superseded", {}).setdefault(key, []).append(
+            old | {"commit": old.get("commit", data["meta"]["commit"])})
+    data["records"][key] = rec
+
+
 def run_added(args, out: Path) -> dict:
     """Replays of the named configs (a one-knob variant, or a rerun at this commit) merged into the study in --out
     at the scale it ran; each record names its commit."""
@@ -464,7 +474,12 @@ def run_added(args, out: Path) -> dict:
     scale = data["meta"]["scale"]
     extras = {"default": [], "full": FULL, **VARIANTS}
     todo = []
+    for key, rec in full_records(args.full_from).items():  # whole full runs made elsewhere join the study
+        _merge(data, key, rec)
     for name in [n for n in args.only.split(",") if n] or list(CONFIGS):
+        if name not in scale["per_config"]:  # a config new to the study: at the study's own scale
+            scale["per_config"][name] = scale_overrides(ROOT / "configs" / f"{name}.yaml", scale["cap"],
+                                                        scale["steps_on"], scale["steps_off"], scale["seed"])[1]
         per = scale["per_config"][name]
         extras["matched"] = matched_overrides(per)
         todo += [(f"{name}/{v}", ROOT / "configs" / f"{name}.yaml", per["overrides"] + extras[v])
@@ -474,11 +489,7 @@ def run_added(args, out: Path) -> dict:
          "command": " ".join(["python", "bench/fidelity_error.py", *sys.argv[1:]]), "load_avg_before": os.getloadavg()})
 
     def on_record(key: str, rec: dict) -> None:
-        old = data["records"].get(key)
-        if old and _simulated(old) != _simulated(rec):  # a rerun whose results moved: the old record stays, named
-            data.setdefault("superseded", {}).setdefault(key, []).append(
-                old | {"commit": old.get("commit", data["meta"]["commit"])})
-        data["records"][key] = rec | {"commit": _commit()}
+        _merge(data, key, rec | {"commit": _commit()})
         save(data, out)
         print(f"{key:34s} {rec['status']:6s} {rec['wall_s']:7.1f} s  hit "
               f"{rec.get('metrics', {}).get('gpu_hit_rate', 0) or 0:.3f}", flush=True)
