@@ -244,7 +244,8 @@ def _execution_metrics(engine: Engine, est: dict, backend: str) -> dict:
     (sim/group_workers.py: sampled)."""
     runner = engine.runner
     out = {"est_peak_memory_bytes": est["peak_bytes"], "policy_backend": backend,
-           "policy_processes": runner.processes_used if runner is not None else 1}
+           "policy_processes": runner.processes_used if runner is not None else 1,
+           "selections_on": getattr(engine.source, "draws_on", "host")}
     probe = runner.probe_step_s if runner is not None else None
     if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes
         out["policy_probe_step_ms"] = probe * 1e3
@@ -286,6 +287,10 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
         make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound)
+    if make_cache is not None and backend == "cupy":  # synthetic selections drawn on the device too (same positions)
+        from traces.synthetic.device import selections_on_device
+
+        source = selections_on_device(source)
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
     try:
         with _progress(progress, engine.n_req) as tick:

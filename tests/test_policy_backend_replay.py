@@ -15,7 +15,8 @@ REDUCED = ["workload.num_requests=6", "workload.max_concurrency=3", "workload.ma
            "fidelity.policy_groups=0", "fidelity.request_fraction=1.0", "memory.gpu_kv_bytes_per_gpu=0.5e9",
            "spec.draft_tokens=2"]
 WALL = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "peak_rss_bytes", "policy_backend",
-        "policy_probe_step_ms", "policy_processes", "est_peak_memory_bytes", "policy_device_pool_bytes"}  # (the estimate counts this process)
+        "policy_probe_step_ms", "policy_processes", "est_peak_memory_bytes", "policy_device_pool_bytes",
+        "selections_on"}  # (the estimate counts this process)
 
 
 def _same_metrics(backend: str, sets: list[str], workers: int = 1, fresh: Path | None = None) -> None:
@@ -35,6 +36,7 @@ def _same_metrics(backend: str, sets: list[str], workers: int = 1, fresh: Path |
     assert got["policy_backend"] == backend and ref["policy_backend"] == "numpy"
     assert got["policy_processes"] == workers  # a device backend's groups split before its caches exist
     assert "policy_device_pool_bytes" in got and "policy_device_pool_bytes" not in ref
+    assert (ref["selections_on"], got["selections_on"]) == ("host", "device" if backend == "cupy" else "host")
     assert ref["gpu_hit_rate"] < 1.0 and ref["policy_calls"] > 0  # the policy did real work
     differ = {k: (ref[k], got.get(k)) for k in ref if k not in WALL and ref[k] != got.get(k)}
     assert not differ

@@ -4,6 +4,7 @@ Public API (see FORMAT.md for the on-disk schema):
     open_trace(path) -> Trace(.requests, .meta, .selections)
     generate_requests(profile, num_requests, seed, ...) -> DataFrame;  load_profile(name_or_yaml) -> Profile
     SyntheticSelections(spec, seed).select(request_ids, history_lens, steps, group, num_query_tokens)
+    selections_on_device(source): the synthetic generator drawing on a CUDA device (cupy; the same positions)
     CapturedSelections(...)  (same protocol);  TraceError (a ValueError) for bad input
 """
 import importlib
@@ -15,7 +16,7 @@ _HOME = {
     "CapturedSelections": "captured", "SelectionWriter": "captured", "capture_from_source": "captured",
     "convert_capture": "captured", "TraceError": "errors", "selection_stats": "stats", "set_overlap": "stats",
     "MODEL_GROUPS": "synthetic", "SelectionSpec": "synthetic", "SyntheticSelections": "synthetic",
-    "Trace": "trace", "open_trace": "trace", "write_trace": "trace",
+    "selections_on_device": "synthetic.device", "Trace": "trace", "open_trace": "trace", "write_trace": "trace",
     "Profile": "workload", "generate_requests": "workload", "import_requests": "workload", "load_profile": "workload",
 }
 
@@ -37,5 +38,6 @@ __all__ = [
     "CapturedSelections", "MODEL_GROUPS", "Profile", "SelectionSpec", "SelectionWriter", "SyntheticSelections",
     "Trace", "TraceError", "capture_from_source", "convert_capture", "convert_to_trace", "generate_requests",
     "generate_trace", "import_requests", "inspect_trace", "load_profile", "open_trace", "selection_stats",
+    "selections_on_device",
     "set_overlap", "write_trace",
 ]

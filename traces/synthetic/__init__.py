@@ -24,7 +24,8 @@ Spatial clustering of selected positions is not modeled: the caches that replay 
 
 Modules: `spec` (SelectionSpec, the parameters), `plan` (a group's solved mixture and per-stratum constants),
 `geometry` (strata on a domain, the history-length terms), `draws` (per-step hashing kernels), `source`
-(SyntheticSelections: select / select_groups and their caches).
+(SyntheticSelections: select / select_groups and their caches), `device` (DeviceSelections: the same draws on a
+CUDA device, kernel `draw.cu`; imported on use, cupy only then).
 """
 from traces.synthetic.plan import GroupPlan
 from traces.synthetic.source import SyntheticSelections, check_select_args

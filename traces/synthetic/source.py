@@ -27,6 +27,7 @@ class SyntheticSelections:
     """
 
     kind = "synthetic"
+    draws_on = "host"  # (DeviceSelections: "device")
     positions_checked = True  # every selected position is in [-1, history_len) by construction (no scan needed)
 
     def __init__(self, spec: SelectionSpec | dict | None = None, seed: int = 0, num_threads: int | None = None):
