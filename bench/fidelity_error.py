@@ -298,10 +298,22 @@ def write_table(data: dict, path: Path, extra: list[Path] = (), source: Path = O
                            "hit rate in points, steady tok/s and TPOT p50 in percent",
              "rows": [{**{k: r[k] for k in keep}, **{k: r[k] for k in matched if k in r},
                        "default_fidelity": meta["scale"]["per_config"][r["config"]]["paper"]["fidelity"],
+                       **({"measured_workload": _workload_of(r["config"], meta["scale"]["seed"])}
+                          if not meta["scale"]["cap"] else {}),
                        "other_seeds": others.get(r["config"], [])}
                       for r in data["table"]]}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(table, indent=1) + "\n")
+
+
+def _workload_of(name: str, seed: int) -> dict:
+    """The workload a paper-scale row was measured on (the config as committed, at the study's seed): a run with
+    this workload is the measured run (sim/sampling_error.py then states the paper-scale error first)."""
+    from sim.config import build, load_config
+
+    wl = build(load_config(ROOT / "configs" / f"{name}.yaml", [])).workload
+    return {"profile": wl.profile, "trace": wl.trace, "num_requests": wl.num_requests,
+            "max_concurrency": wl.max_concurrency, "max_steps": wl.max_steps, "seed": seed}
 
 
 def save(data: dict, out: Path) -> None:

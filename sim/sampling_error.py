@@ -13,7 +13,10 @@ takes at paper scale (as many requests per admission space, the same pool slots 
 estimate for a paper-scale default run, whose spaces sample several times more requests than the reduced default.
 Where the same comparison was made at paper scale (`bench/fidelity_error.py --paper --write-table`: whole runs of
 the configs as committed, the full ones on a machine with the cores for them), that row comes under `paper_scale`
-in `sim/data/sampling_error_paper.json`'s provenance.
+in `sim/data/sampling_error_paper.json`'s provenance; and a run with the very workload measured there (the paper
+config as committed, or the same requests under other settings of the same hardware, attention and drafts) gets
+that measurement as its error (`measured_run`), the reduced-scale row under `reduced_scale`: at paper scale the
+two disagree (docs/cost-model.md "At paper scale"), and the paper-scale one measured this run.
 """
 from __future__ import annotations
 
@@ -69,10 +72,22 @@ def sampling_error(cfg, path: Path = TABLE_PATH, paper_path: Path = PAPER_TABLE_
     found, paper = _match(cfg, path), _match(cfg, paper_path)
     if found is None and paper is None:
         return None
+    if paper is not None and _is_measured_run(cfg, paper[1]):  # this very run was measured: its error first
+        out = _measured(cfg, *paper)
+        if found is not None:
+            out["reduced_scale"] = _measured(cfg, *found)
+        return out | {"measured_run": True}
     out = _measured(cfg, *(found or paper))
     if paper is not None and found is not None:
         out["paper_scale"] = {k: v for k, v in _measured(cfg, *paper).items() if k != "other_seeds"}
     return out
+
+
+def _is_measured_run(cfg, row: dict) -> bool:
+    """Whether the run has the workload a paper-scale row was measured on (its `measured_workload`); its fidelity
+    then says whether it also sampled as the measured default did (`fidelity_matches`)."""
+    wl = row.get("measured_workload")
+    return bool(wl) and all(getattr(cfg.workload, k, None) == v for k, v in wl.items())
 
 
 def _measured(cfg, table: dict, row: dict) -> dict:

@@ -63,6 +63,22 @@ def test_a_paper_scale_measurement_comes_beside_the_reduced_one(tmp_path):
     assert sampling_error(_cfg("paper-h200-tp-specon"), reduced, tmp_path / "none.json").get("paper_scale") is None
 
 
+def test_the_measured_run_states_its_own_paper_scale_error(tmp_path):
+    """A run with the workload a paper-scale row measured gets that row first, the reduced one beside it; the same
+    configuration on other requests keeps the reduced row first."""
+    wl = _cfg("paper-h200-tp-specon").workload
+    measured = {k: getattr(wl, k) for k in ("profile", "trace", "num_requests", "max_concurrency", "max_steps", "seed")}
+    reduced = _table(tmp_path, [ROW])
+    (tmp_path / "paper").mkdir()
+    paper = _table(tmp_path / "paper", [{**ROW, "hit_rate_error_points": 0.5, "measured_workload": measured}])
+    got = sampling_error(_cfg("paper-h200-tp-specon"), reduced, paper)
+    assert got["measured_run"] is True and got["hit_rate_error_points"] == 0.5
+    assert got["reduced_scale"]["hit_rate_error_points"] == 12.5 and "paper_scale" not in got
+    other = sampling_error(_cfg("paper-h200-tp-specon", ["workload.num_requests=64"]), reduced, paper)
+    assert other["hit_rate_error_points"] == 12.5 and other["paper_scale"]["hit_rate_error_points"] == 0.5
+    assert "measured_run" not in other
+
+
 def test_any_sampling_knob_counts_as_sampled():
     assert is_sampled(_cfg("paper-h200-tp-specon", ["fidelity.policy_groups=0"]))  # request_fraction 1/16
     assert is_sampled(_cfg("paper-h200-tp-specon", ["fidelity.request_fraction=1.0"]))  # 2 groups
@@ -119,5 +135,7 @@ def test_committed_paper_table_is_its_bench_result():
     for row in table["rows"]:
         for key in ("hit_rate_error_points", "tok_s_error_pct", "hit_rate_default", "hit_rate_full"):
             assert row[key] == pytest.approx(by_config[row["config"]][key]), key
-    got = sampling_error(_cfg(table["rows"][0]["config"]))
-    assert got["paper_scale"]["hit_rate_error_points"] == pytest.approx(table["rows"][0]["hit_rate_error_points"])
+    got = sampling_error(_cfg(table["rows"][0]["config"]))  # the measured run itself: its paper-scale error first
+    assert got["measured_run"] is True and got["measured_config"] == table["rows"][0]["config"]
+    assert got["hit_rate_error_points"] == pytest.approx(table["rows"][0]["hit_rate_error_points"])
+    assert "reduced_scale" in got
