@@ -283,13 +283,31 @@ def _nest(parts: list[str], value) -> dict:
     return out
 
 
+# `fidelity: <level>` (or `--set fidelity=<level>`) names a whole fidelity section: `full` simulates every group,
+# every request, every step (the unsampled replay the sampled default is measured against, docs/cost-model.md);
+# `default` is the section's defaults. A mapping sets keys one by one as any section does.
+FIDELITY_LEVELS = {"full": {"policy_groups": 0, "request_fraction": 1.0, "step_stride": 1}, "default": None}
+
+
+def _fidelity_level(user: dict) -> dict:
+    """`user` with a named fidelity level replaced by its keys (a one-line error for an unknown name)."""
+    level = user.get("fidelity")
+    if not isinstance(level, str):
+        return user
+    if level not in FIDELITY_LEVELS:
+        raise ValueError(f"config key fidelity must be a mapping or one of {', '.join(FIDELITY_LEVELS)}, "
+                         f"got {level!r}")
+    keys = FIDELITY_LEVELS[level]
+    return {**user, "fidelity": dict(default_tree()["fidelity"] if keys is None else keys)}
+
+
 def resolve(user: dict | None, overrides: list[str] | None = None) -> dict:
     """Defaults + user dict + overrides, type-checked, as a plain nested dict (presets validated too)."""
     tree, rules = default_tree(), schema()
-    _merge(tree, user or {}, rules)
+    _merge(tree, _fidelity_level(user or {}), rules)
     for item in overrides or []:
         parts, value = parse_override(item)
-        _merge(tree, _nest(parts, value), rules)
+        _merge(tree, _fidelity_level(_nest(parts, value)), rules)
     build(tree)  # validates presets, cross-field rules
     return tree
 

@@ -112,7 +112,9 @@ class MemoryConfig(Section):
 
 @dataclass(frozen=True)
 class FidelityConfig(Section):
-    """How much of the policy work a replay simulates (sampling; docs/cost-model.md "What is sampled")."""
+    """How much of the policy work a replay simulates (sampling; docs/cost-model.md "What is sampled"). The section
+    may also be one word: `fidelity: full` (or `--set fidelity=full`) simulates every group, every request and every
+    step (policy_groups 0, request_fraction 1.0, step_stride 1), `fidelity: default` resets it to the defaults."""
 
     policy_groups: int = key(2, "indexer groups simulated by the policy (0 = all); the others copy the nearest",
                              "count")

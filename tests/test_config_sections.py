@@ -104,3 +104,16 @@ def test_ulacache_split_keys():
             resolve({"ulacache": {"local_buffer_fraction": bad}})
     with pytest.raises(ValueError, match="unknown config key 'ulacache.ws_reserve_slots'"):
         resolve({"ulacache": {"ws_reserve_slots": 2048}})  # no per-request working-set reserve any more
+
+
+def test_fidelity_may_be_named_by_one_word():
+    """`fidelity: full` is the unsampled replay (the same section as its three keys), `default` the defaults, in a
+    file or as `--set fidelity=...` (which resets what the file set); any other word is a one-line error."""
+    full = build(resolve({"fidelity": "full"})).fidelity
+    keys = build(resolve({}, ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"])).fidelity
+    assert full == keys and (full.policy_groups, full.request_fraction, full.step_stride) == (0, 1.0, 1)
+    reset = build(resolve({"fidelity": {"policy_groups": 4, "step_stride": 3}}, ["fidelity=default"])).fidelity
+    assert reset == build(resolve({})).fidelity
+    assert build(resolve({"fidelity": {"step_stride": 3}}, ["fidelity=full"])).fidelity.step_stride == 1
+    with pytest.raises(ValueError, match="fidelity must be a mapping or one of full, default, got 'fast'"):
+        resolve({"fidelity": "fast"})
