@@ -6,15 +6,18 @@
 # estimate. Writes $OUT/fidelity.log, $OUT/device_selections.json, $OUT/full_fidelity_<name>.json.
 # simpy and hypothesis are carried as wheels in .whl/ (the image lacks them; hw/device_env.sh says how to fetch them).
 # Usage on the device machine (repo root): RUNS="h200-tp-specon:2146" bash bench/full_fidelity_device.sh
+# (RUNS="": the tests and the selection bench alone; TESTS=0: the runs alone)
 set -uo pipefail
 source hw/device_env.sh
 LOG=$OUT/fidelity.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
-echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
-timeout ${TEST_S:-200} python3 -m pytest -q -m gpu tests/test_policy_backend_replay.py tests/test_device_selections.py \
-  -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -15
-echo "=== selections $(date -u +%H:%M:%S)" | tee -a "$LOG"
-timeout 120 python3 bench/device_selections.py --out "$OUT/device_selections.json" 2>&1 | tee -a "$LOG" | tail -2
+if [ "${TESTS:-1}" = 1 ]; then   # TESTS=0: the runs alone
+  echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
+  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu tests/test_policy_backend_replay.py tests/test_device_selections.py \
+    -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -15
+  echo "=== selections $(date -u +%H:%M:%S)" | tee -a "$LOG"
+  timeout 120 python3 bench/device_selections.py --out "$OUT/device_selections.json" 2>&1 | tee -a "$LOG" | tail -2
+fi
 for run in ${RUNS-h200-tp-specon:2146}; do   # name:decode steps of the default-fidelity replay
   name=${run%%:*} steps=${run##*:}
   echo "=== full fidelity $name $(date -u +%H:%M:%S)" | tee -a "$LOG"
