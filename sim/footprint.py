@@ -97,13 +97,16 @@ def mem_available_bytes() -> float:
 
 
 def limit_bytes(max_memory_gb: float | None) -> tuple[float, str]:
-    """(limit, what sets it): --max-memory-gb, the machine's available memory, or an address-space rlimit."""
+    """(limit, what sets it): --max-memory-gb where given (also above the machine's available memory: the estimate
+    is an estimate, measured 11% under to 25% over whole runs' peaks, docs/gpu.md), else the available memory; an
+    address-space rlimit binds either way."""
     vsize, rss = _statm()
-    options = [(mem_available_bytes() + rss, "available on this machine")]
     if max_memory_gb is not None:
         if not max_memory_gb > 0:
             raise ValueError(f"--max-memory-gb must be > 0, got {max_memory_gb}")
-        options.append((max_memory_gb * 1e9, "--max-memory-gb"))
+        options = [(max_memory_gb * 1e9, "--max-memory-gb")]
+    else:
+        options = [(mem_available_bytes() + rss, "available on this machine")]
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY and vsize:
         options.append((soft - max(vsize - rss, 0), "the address-space limit (ulimit -v / prlimit --as)"))
