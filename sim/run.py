@@ -256,6 +256,16 @@ def _execution_metrics(engine: Engine, est: dict, backend: str) -> dict:
     return out
 
 
+def _source_on(source, backend: str):
+    """The selection source a policy on `backend` reads: on cupy the synthetic generator draws on the device too
+    (traces/synthetic/device.py: the same positions); anything else as it is."""
+    if backend != "cupy":
+        return source
+    from traces.synthetic.device import selections_on_device
+
+    return selections_on_device(source)
+
+
 def replay(config: dict | str | Path, out_dir: Path | None = None,
            progress: bool | Callable[[int, int], None] = False,
            trace_events: Path | None = None, calibration: Path | None = None,
@@ -287,10 +297,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
         make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound)
-    if make_cache is not None and backend == "cupy":  # synthetic selections drawn on the device too (same positions)
-        from traces.synthetic.device import selections_on_device
-
-        source = selections_on_device(source)
+        source = _source_on(source, backend)
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
     try:
         with _progress(progress, engine.n_req) as tick:
