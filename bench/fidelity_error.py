@@ -43,7 +43,9 @@ CONFIGS = tuple(f"paper-{hw}-{att}-spec{spec}" for hw in ("h200", "b300") for at
                 for spec in ("on", "off"))
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
 # One knob at a time (--attribute): every group with the default's request sample; every request with its groups.
-VARIANTS = {"groups_all": ["fidelity.policy_groups=0"], "requests_all": ["fidelity.request_fraction=1.0"]}
+VARIANTS = {"groups_all": ["fidelity.policy_groups=0"], "requests_all": ["fidelity.request_fraction=1.0"],
+            # the default's groups with a 4x larger request sample (k = 4): 8 requests a DP rank at admission, not 2
+            "fraction_4": ["fidelity.request_fraction=0.25"]}
 KEEP = ("gpu_hit_rate", "decode_throughput_tok_s", "run_throughput_tok_s", "steady_window_steps", "tpot_ms_p50",
         "tpot_source", "sim_wall_s", "peak_rss_bytes", "est_peak_memory_bytes", "decode_steps", "completed_requests",
         "max_admitted_concurrency", "steady_mean_concurrency", "request_sample_stride", "policy_groups_simulated",
@@ -182,7 +184,7 @@ def attribution_rows(records: dict) -> list[dict]:
     """Per config with the one-knob variants: how much of the hit-rate error each sampled knob alone makes."""
     rows = []
     for name in CONFIGS:
-        recs = {v: records.get(f"{name}/{v}", {}) for v in ("default", "full", *VARIANTS)}
+        recs = {v: records.get(f"{name}/{v}", {}) for v in ("default", "full", "groups_all", "requests_all")}
         if any(r.get("status") != "ok" for r in recs.values()):
             continue
         hit = {v: r["metrics"]["gpu_hit_rate"] for v, r in recs.items()}
@@ -194,6 +196,38 @@ def attribution_rows(records: dict) -> list[dict]:
                      "tok_s_error_groups_only_pct": _pct(tok["requests_all"], tok["full"]),
                      "tok_s_error_requests_only_pct": _pct(tok["groups_all"], tok["full"])})
     return rows
+
+
+def larger_sample_rows(records: dict) -> list[dict]:
+    """Per config with a `fraction_4` replay: the default's error and the error with a 4x larger request sample."""
+    rows = []
+    for name in CONFIGS:
+        recs = {v: records.get(f"{name}/{v}", {}) for v in ("default", "full", "fraction_4")}
+        if any(r.get("status") != "ok" for r in recs.values()):
+            continue
+        hit = {v: r["metrics"]["gpu_hit_rate"] for v, r in recs.items()}
+        tok = {v: r["metrics"]["decode_throughput_tok_s"] for v, r in recs.items()}
+        rows.append({"config": name, "wall_s_default": recs["default"]["wall_s"],
+                     "wall_s_fraction_4": recs["fraction_4"]["wall_s"],
+                     "hit_error_default_points": (hit["default"] - hit["full"]) * 100.0,
+                     "hit_error_fraction_4_points": (hit["fraction_4"] - hit["full"]) * 100.0,
+                     "tok_s_error_default_pct": _pct(tok["default"], tok["full"]),
+                     "tok_s_error_fraction_4_pct": _pct(tok["fraction_4"], tok["full"])})
+    return rows
+
+
+def _larger_sample_md(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "Request sample 4x larger (`--add fraction_4`: request_fraction 1/4, the default's groups): error "
+             "against the same full run.", "",
+             "| config | default: Δ hit / Δ tok/s | 1/4 of the requests: Δ hit / Δ tok/s | wall s default / 1/4 |",
+             "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['hit_error_default_points']:+.1f} / {_f(r['tok_s_error_default_pct'], '+.1f')}% "
+                     f"| {r['hit_error_fraction_4_points']:+.1f} / {_f(r['tok_s_error_fraction_4_pct'], '+.1f')}% "
+                     f"| {r['wall_s_default']:.0f} / {r['wall_s_fraction_4']:.0f} |")
+    return lines
 
 
 def _attribution_md(rows: list[dict]) -> list[str]:
@@ -255,6 +289,7 @@ def markdown(data: dict) -> str:
             f"{r['peak_rss_bytes_default'] / 1e9:.2f} / {r['peak_rss_bytes_full'] / 1e9:.2f} |")
     lines += _matched_md(data["table"])
     lines += _attribution_md(data.get("attribution", []))
+    lines += _larger_sample_md(data.get("larger_sample", []))
     for key, olds in sorted(data.get("superseded", {}).items()):
         lines += [""] if key == min(data["superseded"]) else []
         lines += [f"Superseded: {key} at commit {o['commit']}: hit {o['metrics']['gpu_hit_rate']:.3f}, steady tok/s "
@@ -319,6 +354,7 @@ def _workload_of(name: str, seed: int) -> dict:
 def save(data: dict, out: Path) -> None:
     data["table"] = table_rows(data["records"])
     data["attribution"] = attribution_rows(data["records"])
+    data["larger_sample"] = larger_sample_rows(data["records"])
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(data, indent=1) + "\n")
     atomic_write_text(out.with_suffix(".md"), markdown(data))
