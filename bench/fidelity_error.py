@@ -180,40 +180,34 @@ def _matched_columns(rec: dict, fm: dict) -> dict:
             "tpot_p50_error_pct_matched": _pct(mm["tpot_ms_p50"], fm["tpot_ms_p50"])}
 
 
+def _variant_figures(records: dict, variants: tuple[str, ...]):
+    """(config, its records, hit rates, tok/s) of each config with every one of `variants` replayed ok."""
+    for name in CONFIGS:
+        recs = {v: records.get(f"{name}/{v}", {}) for v in variants}
+        if all(r.get("status") == "ok" for r in recs.values()):
+            yield (name, recs, {v: r["metrics"]["gpu_hit_rate"] for v, r in recs.items()},
+                   {v: r["metrics"]["decode_throughput_tok_s"] for v, r in recs.items()})
+
+
 def attribution_rows(records: dict) -> list[dict]:
     """Per config with the one-knob variants: how much of the hit-rate error each sampled knob alone makes."""
-    rows = []
-    for name in CONFIGS:
-        recs = {v: records.get(f"{name}/{v}", {}) for v in ("default", "full", "groups_all", "requests_all")}
-        if any(r.get("status") != "ok" for r in recs.values()):
-            continue
-        hit = {v: r["metrics"]["gpu_hit_rate"] for v, r in recs.items()}
-        tok = {v: r["metrics"]["decode_throughput_tok_s"] for v, r in recs.items()}
-        rows.append({"config": name, **{f"hit_rate_{v}": h for v, h in hit.items()},
-                     "hit_error_groups_only_points": (hit["requests_all"] - hit["full"]) * 100.0,
-                     "hit_error_requests_only_points": (hit["groups_all"] - hit["full"]) * 100.0,
-                     "hit_error_both_points": (hit["default"] - hit["full"]) * 100.0,
-                     "tok_s_error_groups_only_pct": _pct(tok["requests_all"], tok["full"]),
-                     "tok_s_error_requests_only_pct": _pct(tok["groups_all"], tok["full"])})
-    return rows
+    return [{"config": name, **{f"hit_rate_{v}": h for v, h in hit.items()},
+             "hit_error_groups_only_points": (hit["requests_all"] - hit["full"]) * 100.0,
+             "hit_error_requests_only_points": (hit["groups_all"] - hit["full"]) * 100.0,
+             "hit_error_both_points": (hit["default"] - hit["full"]) * 100.0,
+             "tok_s_error_groups_only_pct": _pct(tok["requests_all"], tok["full"]),
+             "tok_s_error_requests_only_pct": _pct(tok["groups_all"], tok["full"])}
+            for name, _, hit, tok in _variant_figures(records, ("default", "full", "groups_all", "requests_all"))]
 
 
 def larger_sample_rows(records: dict) -> list[dict]:
     """Per config with a `fraction_4` replay: the default's error and the error with a 4x larger request sample."""
-    rows = []
-    for name in CONFIGS:
-        recs = {v: records.get(f"{name}/{v}", {}) for v in ("default", "full", "fraction_4")}
-        if any(r.get("status") != "ok" for r in recs.values()):
-            continue
-        hit = {v: r["metrics"]["gpu_hit_rate"] for v, r in recs.items()}
-        tok = {v: r["metrics"]["decode_throughput_tok_s"] for v, r in recs.items()}
-        rows.append({"config": name, "wall_s_default": recs["default"]["wall_s"],
-                     "wall_s_fraction_4": recs["fraction_4"]["wall_s"],
-                     "hit_error_default_points": (hit["default"] - hit["full"]) * 100.0,
-                     "hit_error_fraction_4_points": (hit["fraction_4"] - hit["full"]) * 100.0,
-                     "tok_s_error_default_pct": _pct(tok["default"], tok["full"]),
-                     "tok_s_error_fraction_4_pct": _pct(tok["fraction_4"], tok["full"])})
-    return rows
+    return [{"config": name, "wall_s_default": recs["default"]["wall_s"], "wall_s_fraction_4": recs["fraction_4"]["wall_s"],
+             "hit_error_default_points": (hit["default"] - hit["full"]) * 100.0,
+             "hit_error_fraction_4_points": (hit["fraction_4"] - hit["full"]) * 100.0,
+             "tok_s_error_default_pct": _pct(tok["default"], tok["full"]),
+             "tok_s_error_fraction_4_pct": _pct(tok["fraction_4"], tok["full"])}
+            for name, recs, hit, tok in _variant_figures(records, ("default", "full", "fraction_4"))]
 
 
 def _larger_sample_md(rows: list[dict]) -> list[str]:
