@@ -89,9 +89,9 @@ class DeviceSelections(SyntheticSelections):
             doms[key] = dom
         dev = self._device()
         cp = dev["cp"]
-        rows = (cp.asarray(hist), cp.asarray(step.astype(np.uint32)),
-                cp.asarray(row_keys32(self._seed_key, rid) | np.uint32(1)),
-                cp.asarray(step_keys(step.astype(np.uint32))))
+        step32 = step.astype(np.uint32)
+        rows = (cp.asarray(hist), cp.asarray(step32), cp.asarray(row_keys32(self._seed_key, rid) | np.uint32(1)),
+                cp.asarray(step_keys(step32)))
         return [(ns, self._launch(tuple(plans[n] for n in ns), doms[key], rows, q)) for key, ns in alike.items()]
 
     def _launch(self, plans: tuple, dom: np.ndarray, rows: tuple, q: int):
@@ -117,11 +117,11 @@ class DeviceSelections(SyntheticSelections):
 
     def _device_tables(self, plans: tuple, doms: tuple[int, ...]):
         """int32[D, G, NI, k'] and uint32[D, G, NU, k'] on the device for these groups and domains (cached)."""
-        cache = self._device()["tables"]
+        dev = self._device()
+        cache, cp = dev["tables"], dev["cp"]
         key = (tuple(p.group for p in plans), doms)
         hit = cache.get(key)
         if hit is None:
-            cp = self._device()["cp"]
             keys = np.stack([np.concatenate([p.stable.key, p.recurring.key, p.fresh.key]) for p in plans])
             tabs = [self._tables(plans, d) for d in doms]  # each name: [G, 1, k']
             itab = np.stack([np.stack([tb[n][:, 0] for n in I32], axis=1) for tb in tabs]).astype(np.int32)
