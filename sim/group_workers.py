@@ -5,11 +5,10 @@ request, step and group), so the groups can run side by side. A `GroupWorkers` f
 `PolicyRunner` as it stands (copy on write: nothing is pickled); each child keeps its share of the groups and drops
 the rest, the parent drops the children's. On a device backend, and in a heavy run without a pilot, the runner
 forks before it has built any cache and each process builds its own share (`keep_groups`; a CUDA context does not
-survive a fork). The shares are balanced by each group's expected cost (`balanced_shares`: the processes step in
-lockstep, so the slowest share sets the pace); the parent keeps the lightest, as it also runs the engine. From then
-on the parent sends each child the per-group halves of the runner's calls (admit, grow, release, step) in the order
-it makes them, runs its own groups meanwhile, and merges the children's results in group order, so every metric is
-the same bit for bit as with one process.
+survive a fork). The parent keeps the last round-robin share, the smallest where they differ, as it also runs the
+engine. From then on the parent sends each child the per-group halves of the runner's calls (admit, grow, release,
+step) in the order it makes them, runs its own groups meanwhile, and merges the children's results in group order,
+so every metric is the same bit for bit as with one process.
 
     child 1 (groups 0, 2, ..)          parent (groups 1, 3, ..)
     recv step <------------------------ send step
@@ -59,27 +58,6 @@ def resolve_processes(requested: int | None) -> int:
     if isinstance(requested, bool) or int(requested) < 1:
         raise ValueError(f"policy workers: expected a whole number of processes >= 1, got {requested!r}")
     return int(requested)
-
-
-def balanced_shares(groups: list[int], costs, n: int) -> list[list[int]]:
-    """`groups` split into `n` shares whose summed costs are as even as a greedy split makes them (longest first, each
-    group to the share with the least cost so far; ties: the one with fewer groups, then the lower), each share in group order, the share
-    with the least cost last (the parent's: it also runs the engine). `costs`: one per group, in the order of
-    `groups`; None: round robin in group order. Why: the processes step in lockstep, so a step takes as long as the
-    slowest share, and the groups' costs differ (paper-h200-tp-specon, one process each: a group of step-to-step
-    overlap 0.086 took 0.37 s a step, groups of 0.37-0.43 0.21-0.22 s); round robin can pair the two heaviest
-    groups with others while lighter ones sit alone."""
-    n = max(1, min(n, len(groups)))
-    if costs is None:
-        return [sorted(groups[i::n]) for i in range(n)]
-    load = [0.0] * n
-    shares: list[list[int]] = [[] for _ in range(n)]
-    for i in sorted(range(len(groups)), key=lambda i: (-float(costs[i]), groups[i])):  # loop over groups
-        j = min(range(n), key=lambda j: (load[j], len(shares[j]), j))
-        shares[j].append(groups[i])
-        load[j] += float(costs[i])
-    order = sorted(range(n), key=lambda j: (-load[j], j))  # the lightest share last
-    return [sorted(shares[j]) for j in order]
 
 
 def private_bytes() -> int:
@@ -243,4 +221,4 @@ class GroupWorkers:
         self.children = []
 
 
-__all__ = ["ENV_VAR", "GroupWorkers", "balanced_shares", "resolve_processes", "usable_cores"]
+__all__ = ["ENV_VAR", "GroupWorkers", "resolve_processes", "usable_cores"]

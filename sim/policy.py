@@ -278,7 +278,6 @@ class PolicyRunner:
         # the first steps after the pilot are timed (median: `probe_step_s`) before forking (`_probe`)
         self._probe_left = PROBE_STEPS if self.processes > 1 and len(self.groups) > 1 else 0
         self._probe_s: list[float] = []
-        self._probe_group_s: dict[int, float] = {}  # each group's seconds over the probe steps (`_group_costs`)
         self.probe_step_s = None
         self._fork_due = False
         self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
@@ -547,8 +546,6 @@ class PolicyRunner:
         chunk = self.query_chunk
         num_ranks = self.num_ranks
         checked = self.positions_checked
-        timed = self._probe_group_s if self._probe_left > 0 and self.workers is None and not self.pilot_left else None
-        t0 = time.perf_counter() if timed is not None else 0.0
         for g, sel in self._selections(np.asarray(sids, dtype=np.int64), s_hist, s_steps, q, list(self.caches)):
             addrs = self.tables[g].lookup(sids, sel, checked)
             if q <= chunk:  # the whole step's verify tokens in one access batch
@@ -560,10 +557,6 @@ class PolicyRunner:
                     totals = part if totals is None else {k: totals[k] + part[k] for k in part}
                 totals["passes"] /= math.ceil(q / chunk)  # sub-batches per chunk (1 = the batch fit at once)
             out[g] = totals
-            if timed is not None:  # (with its selections: a chunk of groups draws them with its first group)
-                t1 = time.perf_counter()
-                timed[g] = timed.get(g, 0.0) + t1 - t0
-                t0 = t1
         return out
 
     # ---- group workers (sim/group_workers.py)
@@ -591,30 +584,19 @@ class PolicyRunner:
         return out, self.capacity_splits - splits
 
     def _fork_workers(self) -> None:
-        """Split the simulated groups over `processes` (balanced by `_group_costs`) and fork a child for each share
-        but the last, which this process keeps: the lightest, as this process also runs the engine."""
-        from sim.group_workers import GroupWorkers, balanced_shares
+        """Split the simulated groups over `processes` (round robin in group order) and fork a child for each share
+        but the last, which this process keeps: the smallest where they differ, as this process also runs the
+        engine."""
+        from sim.group_workers import GroupWorkers
 
         n = min(self.processes, len(self.groups))
         if n < 2:
             return
-        shares = balanced_shares(self.groups, self._group_costs(), n)
+        shares = [self.groups[i::n] for i in range(n)]
         self.workers = GroupWorkers(self, shares[:-1])
         self.processes_used = n
         self.after_fork()
         self.keep_groups(shares[-1])
-
-    def _group_costs(self) -> list[float] | None:
-        """Each simulated group's expected step cost, for balancing the processes: the probe steps' measured seconds
-        where this process ran them all, else the share of its references the generator makes new each step (1 -
-        its step-to-step overlap: the misses and copies a group's step does scale with it), else None (round robin).
-        An execution choice only: no result reads it."""
-        if self._probe_group_s:
-            return [self._probe_group_s.get(g, 0.0) for g in self.groups]
-        locality = group_locality(self.source, self.num_groups)
-        if locality is None:
-            return None
-        return [1.0 - float(locality[g]) for g in self.groups]
 
     def after_fork(self) -> None:
         """In each process of a split (the children call it first): torch computes in this process's thread only.

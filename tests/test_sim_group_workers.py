@@ -4,12 +4,10 @@ import os
 import signal
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import sim
 import sim.policy
-from sim.group_workers import ENV_VAR, GroupWorkers, balanced_shares, resolve_processes
+from sim.group_workers import ENV_VAR, GroupWorkers, resolve_processes
 
 DROP = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "sim_cpu_s", "peak_rss_bytes",
         "est_peak_memory_bytes", "policy_processes", "policy_probe_step_ms"}  # (the process's, not the run's)
@@ -177,27 +175,3 @@ def test_cli_replay_runs_groups_in_the_processes_asked(tmp_path, monkeypatch, ca
     assert main(["replay", str(cfg), "--out", str(tmp_path / "p"), "--policy-workers", "0"]) == 2
     assert "--policy-workers" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
-
-
-def test_balanced_shares_pair_the_light_groups_and_leave_the_heavy_alone():
-    groups = list(range(6))
-    costs = [9.0, 8.0, 1.0, 1.0, 1.0, 1.0]  # two heavy groups, four light ones, 4 processes
-    shares = balanced_shares(groups, costs, 4)
-    assert sorted(map(tuple, shares)) == [(0,), (1,), (2, 4), (3, 5)]
-    assert shares[-1] in ([2, 4], [3, 5])  # the parent's: the lightest
-    rr = balanced_shares(groups, None, 4)  # round robin, as before: the parent keeps the last, smallest share
-    assert rr == [[0, 4], [1, 5], [2], [3]]
-
-
-@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=30), st.integers(1, 40))
-@settings(max_examples=200, deadline=None)
-def test_balanced_shares_partition_the_groups_within_the_greedy_bound(costs, n):
-    groups = [3 * i + 1 for i in range(len(costs))]
-    shares = balanced_shares(groups, costs, n)
-    assert len(shares) == min(n, len(groups)) and all(shares)
-    assert sorted(g for s in shares for g in s) == groups and all(s == sorted(s) for s in shares)
-    cost = dict(zip(groups, costs))
-    loads = [sum(cost[g] for g in s) for s in shares]
-    assert loads[-1] == min(loads)
-    # longest-first greedy: no share exceeds the mean load plus the largest single cost
-    assert max(loads) <= sum(costs) / len(shares) + max(costs) + 1e-9
