@@ -4,7 +4,8 @@ backend, cut at a few decode-step counts; wall time, peak host RSS and peak devi
 The cut runs share admission and the first step, so the difference of two cuts' wall times is the time of their
 extra decode steps (`s_per_decode_step`); with the whole run's decode steps (`--full-run-steps`, e.g. the
 decode_steps of a default-fidelity replay of the config) it estimates a whole run against the 10-minute target. A
-cut of 0 steps runs the whole replay, measured outright if it ends within `--max-wall-s`.
+cut of 0 steps runs the whole replay, measured outright if it ends within `--max-wall-s`; one stopped there is
+estimated from how its requests drain with `--reference` (bench/drain_estimate.py).
 
 Usage: python bench/full_fidelity.py [CONFIG] --policy-backend cupy --steps 2 6 [--policy-workers N]
            [--full-run-steps 2146] [--out bench/results/full_fidelity.json]
@@ -158,6 +159,20 @@ def _from_cuts(cuts: list[dict], full_run_steps: int | None) -> dict:
     return out
 
 
+def _drain(result: dict, args) -> dict:
+    """bench/drain_estimate.py's estimate of a stopped whole run ({} when there is none to estimate)."""
+    from sim.config import build, load_config
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # (bench/ holds scripts, not a package)
+    from drain_estimate import for_stopped
+
+    try:
+        num_requests = build(load_config(args.config, FULL + list(args.sets))).workload.num_requests
+        return for_stopped(result, args.reference, num_requests)
+    except ValueError as exc:
+        return {"drain_estimate_skipped": str(exc)}
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(json.loads(sys.argv[2]))
@@ -172,6 +187,9 @@ def main() -> int:
                    help="decode-step cuts (0 = the whole run)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--full-run-steps", type=int, default=None, help="decode steps of the whole run (estimate)")
+    p.add_argument("--reference", type=Path, default=None, metavar="JSON",
+                   help="a whole run of the config from this bench at another fidelity (its progress ticks): a "
+                        "stopped run's end estimated from how its requests drain (bench/drain_estimate.py)")
     p.add_argument("--max-wall-s", type=float, default=540.0, help="a cut that runs longer is stopped")
     p.add_argument("--max-memory-gb", type=float, default=None)
     p.add_argument("--profile-top", type=int, default=0, metavar="N",
@@ -194,6 +212,8 @@ def main() -> int:
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
         "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
     }
+    if args.reference is not None:
+        result["derived"].update(_drain(result, args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["derived"]))

@@ -56,3 +56,46 @@ def test_fidelity_error_takes_a_whole_full_run_from_a_full_fidelity_json(tmp_pat
         (tmp_path / "bad.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match="not a whole full-fidelity run"):
             fe.full_records([tmp_path / "bad.json"])
+
+
+def _drain_run(steps: int, num_requests: int, admitted: int, a: float, b: float):
+    """Ticks every 100 steps of a run whose requests finish one per `steps // num_requests` steps after step 100,
+    each step costing a + b x running; and its whole wall."""
+    per = steps // num_requests
+    ticks, wall = [], 0.0
+    for s in range(1, steps + 1):
+        done = min(num_requests, max(0, (s - 100) // per))
+        wall += a + b * min(admitted, num_requests - done)
+        if s % 100 == 0:
+            ticks.append([float(s), float(done), wall])
+    return ticks, wall
+
+
+def test_the_drain_estimate_recovers_a_run_that_costs_a_line_in_its_running_requests(bench_module):
+    de = bench_module("drain_estimate")
+    ticks, wall = _drain_run(2200, 200, 150, 0.05, 0.004)  # 150 of 200 admitted: it drains from step ~650
+    got = de.estimate(ticks[:11], [t[:2] + [0.0] for t in ticks], 2200, 200, 150)
+    assert got["drain_fit_a_s"] == pytest.approx(0.05, rel=0.05)
+    assert got["drain_fit_b_s"] == pytest.approx(0.004, rel=0.05)
+    assert got["drain_estimate_s"] == pytest.approx(wall, rel=0.02)
+    assert got["curve_mismatch_requests"] == 0
+    flat = ticks[10][2] + (ticks[10][2] - ticks[5][2]) / 500 * (2200 - 1100)  # the second-half extrapolation
+    assert flat > wall * 1.1  # (overstates a draining run)
+
+
+def test_the_drain_estimate_reads_bench_jsons_and_refuses_what_it_cannot_use(bench_module, tmp_path, capsys):
+    de = bench_module("drain_estimate")
+    ticks, _ = _drain_run(1000, 100, 100, 0.01, 0.002)
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"cuts": [{"steps": None, "decode_steps": 1000, "max_admitted_concurrency": 100,
+                                         "ticks": ticks}]}))
+    stopped = tmp_path / "stopped.json"
+    stopped.write_text(json.dumps({"cuts": [{"steps": None, "timed_out_after_s": 9, "ticks": ticks[:6]}],
+                                   "derived": {}}))
+    assert de.main([str(stopped), "--reference", str(ref), "--num-requests", "100", "--write"]) == 0
+    assert json.loads(stopped.read_text())["derived"]["drain_estimate_s"] == pytest.approx(ticks[-1][2], rel=0.02)
+    stopped.write_text(json.dumps({"cuts": [{"steps": None, "timed_out_after_s": 9, "ticks": ticks[:3]}]}))
+    capsys.readouterr()
+    assert de.main([str(stopped), "--reference", str(ref), "--num-requests", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
