@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sim.group_workers import usable_cores
 from sim.policy_backend import CHOICES
+from ulacache.threads import threads
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
@@ -209,6 +210,7 @@ def main() -> int:
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=ROOT).stdout.strip() or None,
         "machine": {"host": platform.node(), "python": platform.python_version(), "cpus": usable_cores()},
+        "ulacache_threads": threads(),  # (ulacache/threads.py: $ULACACHE_THREADS)
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
         "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
     }

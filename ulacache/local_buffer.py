@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import slot_map
+from . import slot_map, threads
 from .errors import CapacityError, require
 from .lru_log import StampLog
 from .plan import Plan
@@ -143,8 +143,8 @@ class LocalBuffers:
         # or free runs in between), so the victims' rows are written back whole.
         for change in st.writes:  # loop over the batches the selection read
             self.maps.write(change)
-        self.maps.insert_grouped(st.uix.take(st.miss_idx), st.counts, None if self.maps.by_index else st.miss_addrs,
-                                 st.dests, self.seg)
+        self.maps.insert_grouped(threads.take(st.uix, st.miss_idx), st.counts,
+                                 None if self.maps.by_index else st.miss_addrs, st.dests, self.seg)
         self._pending_claims = 0
         self._owners_stale = True  # the new copies' slots in the pool's owner table: at the next `_sync_owners`
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import threads
+
 # Per cache, all ranks together; above it the local buffers use hash maps. The binding bound is usually
 # DENSE_OVER_HASH (below); this one caps a table whose buffers are huge. At 256 MiB it sent paper-scale TP full
 # fidelity to hash maps at ~8.8M addresses (int32 cells: 32 B per address at 8 ranks) although hash maps sized by
@@ -92,7 +94,7 @@ class DenseSlotMaps:
     def rows(self, ix: np.ndarray) -> np.ndarray:
         """The rows at storage positions `ix`, one item per address (its R cells as raw bytes: `cells` reads them,
         `write` takes them back)."""
-        return self._row_items.take(ix)
+        return threads.take(self._row_items, ix)
 
     def cells(self, rows: np.ndarray) -> np.ndarray:
         """(len(rows), R) slot + 1 of `rows` (address-major, a view)."""
@@ -111,7 +113,7 @@ class DenseSlotMaps:
         within a rank, misses per rank, the batch's rows as read). All ranks at once: one gather of
         whole rows, made rank-major once."""
         R, U = self.R, ix.size
-        rows = self._row_items.take(ix)
+        rows = threads.take(self._row_items, ix)
         absent = np.ascontiguousarray((rows.view(self._dt["s"].base).reshape(U, R) == 0).T)  # (R, U) as bytes
         return (*misses_by_rank(absent, bounds), rows)
 
@@ -140,17 +142,22 @@ class DenseSlotMaps:
 
     def insert_grouped(self, ix: np.ndarray, counts: np.ndarray, addrs, places: np.ndarray, seg: int) -> None:
         """Insert absent keys grouped by rank: counts[r] of them for rank r, at storage positions `ix` (`addrs`: the
-        addresses, unused here), slot places[i] - r * seg (one pass per array: no per-key rank array)."""
-        at = np.multiply(ix, self.R, dtype=np.int64)
-        flat = self._flat
-        vals = np.empty(at.size, dtype=flat.dtype)
-        lo = 0
-        for r, c in enumerate(counts.tolist()):  # loop over ranks
-            if c:
-                at[lo:lo + c] += r
-                np.subtract(places[lo:lo + c], r * seg - 1, out=vals[lo:lo + c], casting="unsafe")  # slot + 1
-                lo += c
-        flat[at] = vals
+        addresses, unused here), slot places[i] - r * seg (no per-key rank array; a large insert on the threads of
+        threads.py, each its own range of keys: distinct cells)."""
+        flat, R = self._flat, self.R
+        ends = np.cumsum(counts).tolist()
+
+        def part(lo: int, hi: int) -> None:
+            start = 0
+            for r, end in enumerate(ends):  # loop over ranks: their keys within [lo, hi)
+                a, b = max(start, lo), min(end, hi)
+                start = end
+                if a < b:
+                    at = np.multiply(ix[a:b], R, dtype=np.int64)
+                    at += r
+                    vals = np.subtract(places[a:b], r * seg - 1).astype(flat.dtype)  # slot + 1
+                    flat[at] = vals
+        threads.over(ix.size, part)
 
     def delete(self, ranks: np.ndarray, addrs: np.ndarray) -> None:
         at = np.multiply(self.space.index(addrs), self.R, dtype=np.int64)
