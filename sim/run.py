@@ -23,6 +23,7 @@ from sim.hardware import events_scheduled
 from sim.policy_backend import resolve as resolve_backend
 from sim.sampling_error import sampling_error
 from sim.systems import RunBound, budget_for, system_for_workload
+from ulacache import threads
 
 
 def load_workload(cfg: SimConfig):
@@ -294,6 +295,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     backend = resolve_backend(policy_backend)
     make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
     processes = resolve_processes(policy_workers)  # (a device backend's workers fork before its caches exist)
+    threads.threads()  # a bad $ULACACHE_THREADS fails here, not minutes into the run
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
         make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound)

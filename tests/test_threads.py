@@ -80,3 +80,31 @@ def test_tp_local_buffers_are_the_same_on_threads(small_parts):
     assert calls and max(calls) >= 12  # the inserts and row reads went through the threads
     assert sum(c["num_peer_fetches"] for c in one_counts) > 0 and sum(c["num_local_hits"] for c in one_counts) > 0
     assert many_counts == one_counts and np.array_equal(many_table, one_table)
+
+
+def test_a_2d_scatter_with_repeats_and_the_marker_dedup_match_one_thread(small_parts):
+    from ulacache.backends.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(9)
+    addrs = rng.integers(-1, 500, (7, 33))  # repeated addresses and -1 padding, as a step's selections
+    marker = np.zeros(600, dtype=bool)
+    got = NumpyBackend._dedup_marker(addrs, marker)
+    want = np.unique(addrs[addrs >= 0])
+    assert np.array_equal(got, want) and not marker.any()
+    assert np.array_equal(threads.flatnonzero(marker | (np.arange(600) % 7 == 0)), np.arange(0, 600, 7))
+
+
+def test_a_bad_thread_count_is_one_line_before_the_run(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from ulacache_cli.main import main
+
+    threads.set_threads(None)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "num_gpus": 8},
+                                   "model": {"preset": "glm-5"}, "workload": {"num_requests": 2, "max_steps": 5}}))
+    monkeypatch.setenv(threads.ENV_VAR, "two")
+    assert main(["replay", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "ULACACHE_THREADS" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

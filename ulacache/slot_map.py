@@ -129,7 +129,8 @@ class DenseSlotMaps:
         """Apply a `drop_rows` made from rows unchanged since they were read: each row written back whole (one
         write per address instead of one per rank and key)."""
         ix, rows = change
-        np.put(self._row_items, ix, rows)  # (in the replays np.put measured faster than item assignment here)
+        # One logged batch's rows: distinct positions (np.put measured faster than item assignment here).
+        threads.scatter(self._row_items, ix, rows, put=True)
 
     def set(self, ranks: np.ndarray, addrs: np.ndarray, slots: np.ndarray, ix: np.ndarray | None = None) -> None:
         """Insert absent keys (rank, address) -> slot (`ix`: the addresses' storage positions, if known)."""

@@ -65,16 +65,40 @@ def over(size: int, fn) -> None:
     list(_pool(len(parts)).map(lambda p: fn(*p), parts))
 
 
-def scatter(dst: np.ndarray, at: np.ndarray, vals: np.ndarray) -> None:
-    """dst[at] = vals for distinct positions `at` (1-D `dst`)."""
+def scatter(dst: np.ndarray, at: np.ndarray, vals, put: bool = False) -> None:
+    """dst[at] = vals (1-D `dst`; `at` of any shape, `vals` an array like it or one value) for distinct positions
+    `at`, or repeated ones that all get the same value; `put`: by np.put (faster for wide void items)."""
+    at = at.reshape(-1)
+    one = np.ndim(vals) == 0
+    if not one:
+        vals = vals.reshape(-1)
 
     def part(lo: int, hi: int) -> None:
-        dst[at[lo:hi]] = vals[lo:hi]
+        v = vals if one else vals[lo:hi]
+        if put:
+            np.put(dst, at[lo:hi], v)
+        else:
+            dst[at[lo:hi]] = v
     over(at.size, part)
 
 
+def flatnonzero(mask: np.ndarray) -> np.ndarray:
+    """np.flatnonzero(mask) (1-D), ascending: each thread scans its own range."""
+    parts = _parts(mask.size)
+    if parts is None:
+        return np.flatnonzero(mask)
+    found: list = [None] * len(parts)
+
+    def part(i: int) -> None:
+        lo, hi = parts[i]
+        found[i] = np.flatnonzero(mask[lo:hi])
+        found[i] += lo
+    list(_pool(len(parts)).map(part, range(len(parts))))
+    return np.concatenate(found)
+
+
 def take(src: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """src.take(at) (1-D `src`)."""
+    """src.take(at) (1-D `src`, `at` 1-D)."""
     if _parts(at.size) is None:
         return src.take(at)
     out = np.empty(at.size, dtype=src.dtype)
@@ -85,4 +109,4 @@ def take(src: np.ndarray, at: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["ENV_VAR", "MIN_ITEMS", "over", "scatter", "set_threads", "take", "threads"]
+__all__ = ["ENV_VAR", "MIN_ITEMS", "flatnonzero", "over", "scatter", "set_threads", "take", "threads"]

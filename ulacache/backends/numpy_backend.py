@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import threads
+
 _SORT_DEDUP_RATIO = 16  # dedup sorts a batch this many times shorter than its marker (bench/dedup_crossover.py)
 _BIN_PASSES = 4  # lru_select counts the oldest stamps one pass each up to this many, then all at once
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -65,9 +67,9 @@ class NumpyBackend:
     def _dedup_marker(addrs, marker):
         """Scatter-marker dedup: O(n) scatter + one scan of the marker, left all False; -1 padding lands on
         marker[-1] (never a valid address: the marker is longer than max(addrs))."""
-        marker[addrs] = True
-        uniq = marker.nonzero()[0]
-        marker[uniq] = False
+        threads.scatter(marker, addrs, True)  # (repeated positions all write True: the same on threads)
+        uniq = threads.flatnonzero(marker)
+        threads.scatter(marker, uniq, False)
         marker[-1] = False
         if uniq.size and uniq[-1] == marker.size - 1:
             uniq = uniq[:-1]
