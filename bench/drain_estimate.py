@@ -14,6 +14,14 @@ a step (steps 200-400) to 0.19 (steps 1,000-1,100). What the rest costs needs tw
 
     running(window) = min(admitted peak, requests - done at the window's middle)
     estimate = stopped wall + sum over the reference's later windows of steps x (a + b x running)
+
+A reference (a paper config's default fidelity, whole run; bench/full_fidelity_device.sh passes
+bench/results/drain_reference_<name>.json where one exists):
+    python bench/full_fidelity.py configs/paper-NAME.yaml --policy-backend numpy --policy-workers 1 --steps 0 \
+        --set fidelity.policy_groups=2 --set fidelity.request_fraction=0.0625 \
+        --out bench/results/drain_reference_NAME.json
+A stopped run estimated afterwards: python bench/drain_estimate.py STOPPED.json --reference REF.json
+    --num-requests 256 [--write]
 """
 from __future__ import annotations
 

@@ -21,8 +21,10 @@ fi
 for run in ${RUNS-h200-tp-specon:2146}; do   # name:decode steps of the default-fidelity replay
   name=${run%%:*} steps=${run##*:}
   echo "=== full fidelity $name $(date -u +%H:%M:%S)" | tee -a "$LOG"
+  ref=bench/results/drain_reference_$name.json   # a stopped run's end from how its requests drain, where one exists
   timeout $(( ${MAX_WALL_S:-400} + 60 )) python3 bench/full_fidelity.py "configs/paper-$name.yaml" \
     --policy-backend "${BACKEND:-cupy}" --steps ${STEPS:-0} --full-run-steps "$steps" --max-wall-s ${MAX_WALL_S:-400} \
+    $( [ -f "$ref" ] && echo --reference "$ref" ) \
     --max-memory-gb 120 --out "$OUT/full_fidelity_$name.json" 2>&1 | tee -a "$LOG" | tail -4
 done
 echo "=== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
