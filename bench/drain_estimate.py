@@ -68,7 +68,8 @@ def estimate(ticks: list[list[float]], ref_ticks: list[list[float]], ref_steps: 
     mismatch = [abs(ref[int(t[0])] - t[1]) for t in ticks if int(t[0]) in ref]
     later = [t for t in ref_ticks if t[0] > s1] + [[float(ref_steps), float(num_requests), 0.0]]
     steps, mid_done, _ = _windows([t for t in later if t[0] <= ref_steps], s1, done1)
-    rest = float((steps * (a + b * _running(mid_done, num_requests, admitted))).sum())
+    keep = steps > 0  # (a run stopped at or past the reference's end has nothing left)
+    rest = float((steps[keep] * (a + b * _running(mid_done[keep], num_requests, admitted))).sum())
     return {"drain_estimate_s": w1 + rest, "drain_rest_s": rest, "drain_fit_a_s": a, "drain_fit_b_s": b,
             "drain_reference_steps": int(ref_steps), "curve_mismatch_requests": max(mismatch, default=None)}
 

@@ -79,6 +79,7 @@ def test_the_drain_estimate_recovers_a_run_that_costs_a_line_in_its_running_requ
     assert got["drain_fit_b_s"] == pytest.approx(0.004, rel=0.05)
     assert got["drain_estimate_s"] == pytest.approx(wall, rel=0.02)
     assert got["curve_mismatch_requests"] == 0
+    assert de.estimate(ticks, ticks, 2200, 200, 150)["drain_rest_s"] == 0.0  # stopped at the end: nothing left
     flat = ticks[10][2] + (ticks[10][2] - ticks[5][2]) / 500 * (2200 - 1100)  # the second-half extrapolation
     assert flat > wall * 1.1  # (overstates a draining run)
 
