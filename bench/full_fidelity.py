@@ -170,8 +170,8 @@ def _drain(result: dict, args) -> dict:
     try:
         num_requests = build(load_config(args.config, FULL + list(args.sets))).workload.num_requests
         return for_stopped(result, args.reference, num_requests)
-    except ValueError as exc:
-        return {"drain_estimate_skipped": str(exc)}
+    except (OSError, KeyError, ValueError) as exc:  # (a missing or malformed reference: the run's figures stay)
+        return {"drain_estimate_skipped": f"{type(exc).__name__}: {exc}"}
 
 
 def main() -> int:
