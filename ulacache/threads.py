@@ -55,6 +55,11 @@ def _parts(size: int) -> list[tuple[int, int]] | None:
     return list(zip(cuts, cuts[1:]))
 
 
+def _run(parts: list[tuple[int, int]], fn) -> None:
+    """fn(lo, hi) of each part, on the threads."""
+    list(_pool(len(parts)).map(lambda p: fn(*p), parts))
+
+
 def over(size: int, fn) -> None:
     """fn(lo, hi) over contiguous ranges covering [0, size): on the threads when `size` is large, else fn(0, size).
     `fn` must write only its own range's outputs."""
@@ -62,7 +67,7 @@ def over(size: int, fn) -> None:
     if parts is None:
         fn(0, size)
         return
-    list(_pool(len(parts)).map(lambda p: fn(*p), parts))
+    _run(parts, fn)
 
 
 def scatter(dst: np.ndarray, at: np.ndarray, vals, put: bool = False) -> None:
@@ -87,25 +92,24 @@ def flatnonzero(mask: np.ndarray) -> np.ndarray:
     parts = _parts(mask.size)
     if parts is None:
         return np.flatnonzero(mask)
-    found: list = [None] * len(parts)
+    found: dict[int, np.ndarray] = {}
 
-    def part(i: int) -> None:
-        lo, hi = parts[i]
-        found[i] = np.flatnonzero(mask[lo:hi])
-        found[i] += lo
-    list(_pool(len(parts)).map(part, range(len(parts))))
-    return np.concatenate(found)
+    def part(lo: int, hi: int) -> None:
+        found[lo] = np.flatnonzero(mask[lo:hi]) + lo
+    _run(parts, part)
+    return np.concatenate([found[lo] for lo, _ in parts])
 
 
 def take(src: np.ndarray, at: np.ndarray) -> np.ndarray:
     """src.take(at) (1-D `src`, `at` 1-D)."""
-    if _parts(at.size) is None:
+    parts = _parts(at.size)
+    if parts is None:
         return src.take(at)
     out = np.empty(at.size, dtype=src.dtype)
 
     def part(lo: int, hi: int) -> None:
         np.take(src, at[lo:hi], out=out[lo:hi])
-    over(at.size, part)
+    _run(parts, part)
     return out
 
 

@@ -149,7 +149,6 @@ class DeviceSelections(SyntheticSelections):
         return self._dev
 
 
-
 def selections_on_device(source):
     """`source` drawing on the CUDA device where it is the synthetic generator (the same positions); any other
     source (captured selections: read, not drawn) as it is."""
