@@ -31,8 +31,9 @@ FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
 TICK_STEPS = 100  # a progress line every this many decode steps
 KEEP = ("decode_steps", "completed_requests", "max_admitted_concurrency", "gpu_hit_rate", "decode_throughput_tok_s",
         "policy_calls", "policy_groups_simulated", "request_sample_stride", "policy_backend", "policy_processes",
-        "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s", "policy_device_pool_bytes", "run_throughput_tok_s",
-        "steady_window_steps", "tpot_ms_p50", "tpot_source", "steady_mean_concurrency", "selections_on")
+        "policy_threads", "peak_rss_bytes", "est_peak_memory_bytes", "sim_wall_s", "policy_device_pool_bytes",
+        "run_throughput_tok_s", "steady_window_steps", "tpot_ms_p50", "tpot_source", "steady_mean_concurrency",
+        "selections_on")
 
 
 def device_view(backend: str) -> dict:

@@ -15,7 +15,7 @@ REDUCED = ["workload.num_requests=6", "workload.max_concurrency=3", "workload.ma
            "fidelity.policy_groups=0", "fidelity.request_fraction=1.0", "memory.gpu_kv_bytes_per_gpu=0.5e9",
            "spec.draft_tokens=2"]
 WALL = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "peak_rss_bytes", "policy_backend",
-        "policy_probe_step_ms", "policy_processes", "est_peak_memory_bytes", "policy_device_pool_bytes",
+        "policy_probe_step_ms", "policy_processes", "policy_threads", "est_peak_memory_bytes", "policy_device_pool_bytes",
         "selections_on"}  # (the estimate counts this process)
 
 
