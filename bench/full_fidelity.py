@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from sim.group_workers import usable_cores
 from sim.policy_backend import CHOICES
-from ulacache.threads import threads
+from ulacache.threads import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0"]
@@ -211,7 +212,9 @@ def main() -> int:
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=ROOT).stdout.strip() or None,
         "machine": {"host": platform.node(), "python": platform.python_version(), "cpus": usable_cores()},
-        "ulacache_threads": threads(),  # (ulacache/threads.py: $ULACACHE_THREADS)
+        # library threads: $ULACACHE_THREADS, else the default (a run split over processes: cores // processes in
+        # each, its row's policy_threads)
+        "ulacache_threads_env": os.environ.get(ENV_VAR) or None,
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
         "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
     }
