@@ -74,6 +74,37 @@ def _ticker(t0: float, every: int):
     return tick
 
 
+class _Totals:
+    """An `on_step` observer printing `TOTALS decode steps, hit rate so far, decode tokens, decode s` every `every`
+    decode steps (the hit rate weighted by each step's unique references): a stopped cut's figures up to its last
+    tick, to set beside a default-fidelity run's at the same step."""
+
+    def __init__(self, every: int):
+        self.every, self.steps, self.hits, self.unique, self.tokens, self.busy_s = every, 0, 0.0, 0.0, 0.0, 0.0
+
+    def __call__(self, rec: dict) -> None:
+        self.steps += 1
+        self.hits += rec["gpu_hit_rate"] * rec["unique_refs"]
+        self.unique += rec["unique_refs"]
+        self.tokens += rec["tokens"]
+        self.busy_s += rec["step_s"]
+        if self.steps % self.every == 0:
+            rate = self.hits / self.unique if self.unique else 1.0
+            print(f"TOTALS {self.steps} {rate:.6f} {self.tokens:.0f} {self.busy_s:.6f}", flush=True)
+
+
+def totals_of(stdout) -> list[dict]:
+    """The TOTALS lines: decode steps, hit rate so far, decode tokens and s so far (tok/s: tokens / s)."""
+    text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
+    out = []
+    for ln in text.splitlines():
+        if ln.startswith("TOTALS "):
+            steps, rate, tokens, busy = (float(x) for x in ln.split()[1:5])
+            out.append({"decode_steps": int(steps), "gpu_hit_rate": rate, "decode_tokens": tokens,
+                        "decode_s": busy, "decode_tok_s": tokens / busy if busy else 0.0})
+    return out
+
+
 def ticks_of(stdout) -> list[list[float]]:
     """[decode steps, requests done, wall s] of each TICK line."""
     text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
@@ -94,7 +125,7 @@ def child(spec: dict) -> None:
         prof.enable()
     m = sim.replay(spec["config"], None, progress=_ticker(t0, TICK_STEPS), overrides=spec["sets"],
                    policy_workers=spec["workers"], policy_backend=spec["backend"],
-                   max_memory_gb=spec.get("max_memory_gb"))
+                   max_memory_gb=spec.get("max_memory_gb"), on_step=_Totals(TICK_STEPS))
     if prof is not None:
         prof.disable()
     row = {k: m.get(k) for k in KEEP}
@@ -115,13 +146,15 @@ def run_cut(args, steps: int | None) -> dict:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
                               timeout=args.max_wall_s, cwd=ROOT)
     except subprocess.TimeoutExpired as stopped:  # (its group workers end as their parent's pipes close)
-        return {"steps": steps, "timed_out_after_s": args.max_wall_s, "ticks": ticks_of(stopped.stdout)}
+        return {"steps": steps, "timed_out_after_s": args.max_wall_s, "ticks": ticks_of(stopped.stdout),
+                "totals": totals_of(stopped.stdout)}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         return {"steps": steps, "failed": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
     row = json.loads(lines[-1][7:])
     row["steps"], row["process_wall_s"] = steps, time.perf_counter() - t0
     row["ticks"] = ticks_of(proc.stdout)
+    row["totals"] = totals_of(proc.stdout)
     return row
 
 
@@ -142,6 +175,8 @@ def from_ticks(ticks: list[list[float]], full_run_steps: int | None) -> dict:
 def derive(cuts: list[dict], full_run_steps: int | None) -> dict:
     stopped = [c for c in cuts if c.get("timed_out_after_s") and len(c.get("ticks", [])) >= 2]
     out = from_ticks(stopped[-1]["ticks"], full_run_steps) if stopped else {}
+    if stopped and stopped[-1].get("totals"):  # its hit rate and decode tok/s up to its last tick
+        out["stopped_totals"] = stopped[-1]["totals"][-1]
     return {**out, **_from_cuts(cuts, full_run_steps)}
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 
 def replay(config, out_dir=None, progress=False, trace_events=None, calibration=None, overrides=None,
-           max_memory_gb=None, policy_workers=1, policy_backend=None):
+           max_memory_gb=None, policy_workers=1, policy_backend=None, on_step=None):
     from sim.run import replay as _replay
 
     return _replay(config, out_dir, progress=progress, trace_events=trace_events, calibration=calibration,
                    overrides=overrides, max_memory_gb=max_memory_gb, policy_workers=policy_workers,
-                   policy_backend=policy_backend)
+                   policy_backend=policy_backend, on_step=on_step)
 
 
 def load_config(path, overrides=None) -> dict:

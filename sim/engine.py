@@ -204,7 +204,9 @@ class Engine:
         if self.runner is not None:
             (self.runner.kill if failed else self.runner.close)()
 
-    def run(self, progress=None) -> RunState:
+    def run(self, progress=None, on_step=None) -> RunState:
+        """Simulate to the end (or workload.max_steps); after each decode step `progress(done, requests)` and
+        `on_step(the step's timeline record)` where given."""
         st, cfg = self.state, self.cfg
         waiting: list[int] = []
         running: list[int] = []
@@ -242,6 +244,8 @@ class Engine:
                 done += 1
             if progress is not None:
                 progress(done, self.n_req)
+            if on_step is not None:
+                on_step(st.timeline[-1])
         return st
 
     # ------------------------------------------------------------------ one decode step
@@ -595,7 +599,7 @@ class Engine:
                "saturated": self._saturated, "finished": finished,
                "tokens": tokens, "history_tokens": int(b.hist.sum()),
                "h2d_rows": float(link_rows[0]), "d2h_rows": float(link_rows[1]), "peer_rows": float(link_rows[2]),
-               "gpu_hit_rate": hits / unique if unique else 1.0}
+               "gpu_hit_rate": hits / unique if unique else 1.0, "unique_refs": unique}
         rec.update({p: parts.get(p, 0.0) for p in PARTS})
         st.timeline.append(rec)
 

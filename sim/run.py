@@ -272,9 +272,12 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
            progress: bool | Callable[[int, int], None] = False,
            trace_events: Path | None = None, calibration: Path | None = None,
            overrides: list[str] | None = None, max_memory_gb: float | None = None,
-           policy_workers: int | None = 1, policy_backend: str | None = None) -> dict:
+           policy_workers: int | None = 1, policy_backend: str | None = None,
+           on_step: Callable[[dict], None] | None = None) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
-    `progress`: True for a progress bar, or a callable(requests done, requests) called after each decode step.
+    `progress`: True for a progress bar, or a callable(requests done, requests) called after each decode step;
+    `on_step`: a callable given each decode step's timeline record as it ends (a long run's figures so far: its
+    `gpu_hit_rate` weighted by `unique_refs` is the run's hit rate up to that step).
 
     Before simulating, its peak memory is estimated (sim/footprint.py); above `max_memory_gb` or what the machine
     has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written.
@@ -304,7 +307,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
     try:
         with _progress(progress, engine.n_req) as tick:
-            engine.run(tick)
+            engine.run(tick, on_step)
     except BaseException:
         engine.close(failed=True)
         raise

@@ -31,6 +31,27 @@ def test_ticker_prints_every_n_steps_and_the_parent_reads_them(ff, capsys):
     assert [t[:2] for t in ticks] == [[2.0, 1.0], [4.0, 1.0]] and ticks[1][2] >= ticks[0][2] > 0
 
 
+def test_on_step_sees_every_decode_step_and_the_totals_give_the_run_hit_rate(ff, capsys):
+    """sim.replay's on_step gets each decode step's record; the bench's TOTALS over them give the run's own hit rate
+    and decode tokens at a tick on its last step (and a stopped cut's at its last tick)."""
+    recs = []
+    totals = ff._Totals(10)
+
+    def both(rec):
+        recs.append(rec)
+        totals(rec)
+    m = sim.replay({**CFG, "ulacache": {"gpu_pool_slots": 20000}}, on_step=both)
+    assert len(recs) == 30 and [r["step"] for r in recs] == list(range(30))
+    got = ff.totals_of(capsys.readouterr().out)
+    assert [t["decode_steps"] for t in got] == [10, 20, 30]
+    assert got[-1]["gpu_hit_rate"] == pytest.approx(m["gpu_hit_rate"], abs=1e-6)
+    assert m["gpu_hit_rate"] < 1.0 and got[0]["gpu_hit_rate"] != got[-1]["gpu_hit_rate"]  # (a run under pressure)
+    assert got[-1]["decode_tokens"] == m["decode_tokens"]
+    assert got[-1]["decode_tok_s"] == pytest.approx(m["decode_tokens"] / sum(r["step_s"] for r in recs))
+    cut = {"steps": None, "timed_out_after_s": 70, "ticks": [[10, 0, 1.0], [20, 0, 2.0]], "totals": got[:2]}
+    assert ff.derive([cut], 30)["stopped_totals"] == got[1]
+
+
 def test_a_stopped_cut_estimates_the_whole_run_from_its_second_half(ff):
     ticks = [[100, 0, 30.0], [200, 1, 40.0], [300, 2, 52.0], [400, 3, 64.0]]
     got = ff.derive([{"steps": None, "timed_out_after_s": 70, "ticks": ticks}], 1000)
