@@ -20,6 +20,7 @@ import platform
 import resource
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,24 +138,48 @@ def child(spec: dict) -> None:
     print("RESULT " + json.dumps(row))
 
 
+def _child_run(spec: dict, max_wall_s: float) -> tuple[bool, int, str, str]:
+    """The child replay, its TICK and TOTALS lines echoed here as they come (a caller killed mid-cut, e.g. by a
+    device call's limit, still has them in its log), stopped at `max_wall_s`: (stopped, returncode, stdout,
+    stderr)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        proc.kill()  # (its group workers end as their parent's pipes close)
+    timer = threading.Timer(max_wall_s, stop)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    timer.start()
+    reader.start()
+    out = []
+    for ln in proc.stdout:
+        out.append(ln)
+        if ln.startswith(("TICK ", "TOTALS ")):
+            print(ln, end="", flush=True)
+    proc.wait()
+    timer.cancel()
+    reader.join()
+    return stopped.is_set(), proc.returncode, "".join(out), "".join(err)
+
+
 def run_cut(args, steps: int | None) -> dict:
     sets = FULL + list(args.sets) + ([f"workload.max_steps={steps}"] if steps else [])
     spec = {"config": str(args.config), "sets": sets, "workers": args.policy_workers, "backend": args.policy_backend,
             "max_memory_gb": args.max_memory_gb, "profile_top": args.profile_top}
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                              timeout=args.max_wall_s, cwd=ROOT)
-    except subprocess.TimeoutExpired as stopped:  # (its group workers end as their parent's pipes close)
-        return {"steps": steps, "timed_out_after_s": args.max_wall_s, "ticks": ticks_of(stopped.stdout),
-                "totals": totals_of(stopped.stdout)}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        return {"steps": steps, "failed": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
+    stopped, returncode, stdout, stderr = _child_run(spec, args.max_wall_s)
+    if stopped:
+        return {"steps": steps, "timed_out_after_s": args.max_wall_s, "ticks": ticks_of(stdout),
+                "totals": totals_of(stdout)}
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    if returncode or not lines:
+        return {"steps": steps, "failed": returncode, "stderr_tail": stderr[-2000:]}
     row = json.loads(lines[-1][7:])
     row["steps"], row["process_wall_s"] = steps, time.perf_counter() - t0
-    row["ticks"] = ticks_of(proc.stdout)
-    row["totals"] = totals_of(proc.stdout)
+    row["ticks"], row["totals"] = ticks_of(stdout), totals_of(stdout)
     return row
 
 

@@ -121,3 +121,18 @@ def test_the_drain_estimate_reads_bench_jsons_and_refuses_what_it_cannot_use(ben
     assert de.main([str(stopped), "--reference", str(ref), "--num-requests", "100"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_a_cut_runs_in_a_child_and_a_slow_one_is_stopped(ff, tmp_path):
+    import argparse
+
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    args = argparse.Namespace(config=cfg, sets=["fidelity.policy_groups=2"], policy_workers=1, policy_backend="numpy",
+                              max_memory_gb=None, profile_top=0, max_wall_s=300.0)
+    row = ff.run_cut(args, 10)  # (FULL first, then --set: a default-fidelity cut)
+    assert row["decode_steps"] == 10 and row["steps"] == 10 and row["ticks"] == [] and row["totals"] == []
+    args.max_wall_s = 0.3
+    assert ff.run_cut(args, None) == {"steps": None, "timed_out_after_s": 0.3, "ticks": [], "totals": []}
