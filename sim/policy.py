@@ -34,7 +34,6 @@ import numpy as np
 
 from sim.policy_backend import cuda_context_here, device_pool_bytes
 from sim.tables import GroupTables
-from ulacache import threads
 
 # Group workers (sim/group_workers.py) are forked when the simulated groups' median step over the first PROBE_STEPS
 # policy steps after the pilot takes FORK_MIN_STEP_S or more in one process (at once when those steps already took
@@ -284,7 +283,6 @@ class PolicyRunner:
         self.worker_rss_bytes = 0  # the children's largest private-memory samples, summed
         self.worker_device_bytes = 0  # what the children's device allocators held at their end, summed
         self._torch_threads = None  # torch's threads before a split (`after_fork`), given back at `close`
-        self.threads_used = None  # the library threads of each process of a split (`after_fork`)
         if self.split_first:
             self._start_split()
 
@@ -603,14 +601,9 @@ class PolicyRunner:
     def after_fork(self) -> None:
         """In each process of a split (the children call it first): torch computes in this process's thread only.
         The processes already use the cores, and a torch thread pool the parent started before the fork (OpenMP)
-        hangs a child that enters it. The library's gather/scatter threads default to this process's part of the
-        cores (ulacache/threads.py; $ULACACHE_THREADS still rules)."""
+        hangs a child that enters it."""
         import sys
 
-        from sim.group_workers import usable_cores
-
-        threads.set_default_threads(max(1, usable_cores() // max(1, min(self.processes, len(self.groups)))))
-        self.threads_used = threads.threads()
         torch = sys.modules.get("torch")
         if torch is not None and self.device:
             self._torch_threads = torch.get_num_threads()
@@ -640,7 +633,6 @@ class PolicyRunner:
             self.worker_rss_bytes = self.workers.extra_rss_bytes
             self.worker_device_bytes = self.workers.extra_device_bytes
             self.workers = None
-            threads.set_default_threads(None)
         if self._torch_threads:
             import sys
 

@@ -246,7 +246,7 @@ def _execution_metrics(engine: Engine, est: dict, backend: str) -> dict:
     runner = engine.runner
     out = {"est_peak_memory_bytes": est["peak_bytes"], "policy_backend": backend,
            "policy_processes": runner.processes_used if runner is not None else 1,
-           "policy_threads": (runner.threads_used if runner is not None else None) or threads.threads(),
+           "policy_threads": threads.threads(),  # (each process of a split: the same)
            "selections_on": getattr(engine.source, "draws_on", "host")}
     probe = runner.probe_step_s if runner is not None else None
     if probe is not None:  # the groups' median step after the pilot in one process (wall time): what chose the processes

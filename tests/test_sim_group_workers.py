@@ -7,7 +7,7 @@ import pytest
 
 import sim
 import sim.policy
-from sim.group_workers import ENV_VAR, GroupWorkers, resolve_processes, usable_cores
+from sim.group_workers import ENV_VAR, GroupWorkers, resolve_processes
 from ulacache import threads
 
 DROP = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "sim_cpu_s", "peak_rss_bytes",
@@ -43,22 +43,14 @@ def test_metrics_equal_across_process_counts(name, monkeypatch):
         assert many["policy_processes"] > 1
         assert {k: v for k, v in many.items() if k not in DROP} == {k: v for k, v in one.items() if k not in DROP}
         assert many["peak_rss_bytes"] > 0
-        assert many["policy_threads"] == max(1, usable_cores() // many["policy_processes"])  # each its part
+        assert many["policy_threads"] == one["policy_threads"] == threads.threads()
 
 
-def test_split_processes_share_the_cores_unless_the_environment_says(monkeypatch):
-    """A split's processes default to cores // processes library threads (one process: 2); $ULACACHE_THREADS
-    rules; the default is back after the run."""
+def test_policy_threads_reports_the_library_threads(monkeypatch):
     monkeypatch.setattr(sim.policy, "FORK_MIN_STEP_S", 0.0)
-    monkeypatch.setattr(sim.group_workers, "usable_cores", lambda: 5)
-    monkeypatch.delenv(threads.ENV_VAR, raising=False)
     threads.set_threads(None)
-    case = CASES["ulacache tp, pilot then 2 groups"]
-    assert sim.replay(case, policy_workers=1)["policy_threads"] == threads.DEFAULT_THREADS
-    assert sim.replay(case, policy_workers=2)["policy_threads"] == 2  # 5 cores // 2 processes
-    assert threads.threads() == threads.DEFAULT_THREADS
     monkeypatch.setenv(threads.ENV_VAR, "3")
-    assert sim.replay(case, policy_workers=2)["policy_threads"] == 3
+    assert sim.replay(CASES["ulacache tp, pilot then 2 groups"], policy_workers=2)["policy_threads"] == 3
 
 
 def test_short_steps_stay_in_one_process(monkeypatch):

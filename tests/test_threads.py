@@ -49,25 +49,6 @@ def test_thread_count_from_the_environment(monkeypatch):
         threads.set_threads(0)
 
 
-def test_a_caller_lowers_the_default_not_an_explicit_count(monkeypatch):
-    threads.set_threads(None)
-    monkeypatch.delenv(threads.ENV_VAR, raising=False)
-    try:
-        threads.set_default_threads(1)
-        assert threads.threads() == 1
-        monkeypatch.setenv(threads.ENV_VAR, "3")
-        assert threads.threads() == 3  # the environment rules
-        threads.set_threads(4)
-        assert threads.threads() == 4  # and an explicit count over both
-        with pytest.raises(ValueError):
-            threads.set_default_threads(0)
-    finally:
-        threads.set_threads(None)
-        threads.set_default_threads(None)
-    monkeypatch.delenv(threads.ENV_VAR)
-    assert threads.threads() == threads.DEFAULT_THREADS
-
-
 def _tp_run():
     """A TP cache whose small local buffers insert and evict every step: its plans' counts and its maps' table."""
     c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=40, cpu_slots=200, policy="pb-lru",

@@ -6,10 +6,8 @@ memory round trip, not compute, so a few threads issuing them at once finish soo
 table took 69 ms on one thread and 37 ms on two on the 2-core development box (take: 50 -> 33 ms). Results are the
 same bit for bit: a scatter's positions are distinct (each thread writes its own), a gather only reads.
 
-Threads: `set_threads(n)` or $ULACACHE_THREADS, else the default (2; 1 = none). A caller that runs several busy
-processes lowers the default in each (`set_default_threads`: the simulator's policy workers take cores // processes,
-as extra threads on cores the other processes use made a 21-process device run ~8% slower). The pool is made on
-first use in each process (a pool made before a fork has no threads in the child).
+Threads: `set_threads(n)` or $ULACACHE_THREADS (default 2; 1 = none). The pool is made on first use in each
+process (a pool made before a fork has no threads in the child).
 """
 from __future__ import annotations
 
@@ -20,24 +18,14 @@ import numpy as np
 
 ENV_VAR = "ULACACHE_THREADS"
 MIN_ITEMS = 1 << 19  # below this many positions one thread does it (a thread hand-off costs ~10-50 us)
-DEFAULT_THREADS = 2
-_state = {"threads": None, "default": DEFAULT_THREADS, "pool": None, "pid": None, "size": 0}
-
-
-def _whole(n) -> int:
-    if isinstance(n, bool) or int(n) < 1:
-        raise ValueError(f"threads: expected a whole number >= 1, got {n!r}")
-    return int(n)
+_state = {"threads": None, "pool": None, "pid": None, "size": 0}
 
 
 def set_threads(n: int | None) -> None:
-    """Threads for the large gathers and scatters (None: $ULACACHE_THREADS, else the default)."""
-    _state["threads"] = None if n is None else _whole(n)
-
-
-def set_default_threads(n: int | None) -> None:
-    """The threads used where neither `set_threads` nor $ULACACHE_THREADS says (None: DEFAULT_THREADS)."""
-    _state["default"] = DEFAULT_THREADS if n is None else _whole(n)
+    """Threads for the large gathers and scatters (None: $ULACACHE_THREADS, else 2)."""
+    if n is not None and (isinstance(n, bool) or int(n) < 1):
+        raise ValueError(f"threads: expected a whole number >= 1, got {n!r}")
+    _state["threads"] = None if n is None else int(n)
 
 
 def threads() -> int:
@@ -45,7 +33,7 @@ def threads() -> int:
         return _state["threads"]
     env = os.environ.get(ENV_VAR, "").strip()
     try:
-        return max(1, int(env)) if env else _state["default"]
+        return max(1, int(env)) if env else 2
     except ValueError:
         raise ValueError(f"{ENV_VAR}={env!r}: expected a whole number of threads >= 1") from None
 
@@ -125,5 +113,4 @@ def take(src: np.ndarray, at: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["DEFAULT_THREADS", "ENV_VAR", "MIN_ITEMS", "flatnonzero", "over", "scatter", "set_default_threads",
-           "set_threads", "take", "threads"]
+__all__ = ["ENV_VAR", "MIN_ITEMS", "flatnonzero", "over", "scatter", "set_threads", "take", "threads"]
