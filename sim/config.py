@@ -411,6 +411,8 @@ def build(tree: dict) -> SimConfig:
         raise ValueError("config key fidelity.request_fraction must be in (0, 1]")
     if fid["policy_groups"] < 0 or fid["policy_groups"] > model_spec.num_index_groups:
         raise ValueError(f"config key fidelity.policy_groups must be in [0, {model_spec.num_index_groups}]")
+    if not -1 <= fid["only_group"] < model_spec.num_index_groups:
+        raise ValueError(f"config key fidelity.only_group must be -1 (off) or in [0, {model_spec.num_index_groups - 1}]")
     mem = tree["memory"]
     if not 0 < mem["host_kv_fraction"] <= 1:
         raise ValueError("config key memory.host_kv_fraction must be in (0, 1]")

@@ -365,7 +365,7 @@ def estimate(cfg, system, requests, make_cache, processes: int = 1) -> dict:
         _caches(cfg, requests, make_cache, out, max_steps)
     out["process_bytes"] = float(_statm()[1])  # after the probes: with what they loaded (their caches are gone)
     if make_cache is not None:  # the groups simulated after any pilot, split over the processes
-        groups = cfg.fidelity.policy_groups or cfg.model.num_index_groups
+        groups = 1 if cfg.fidelity.only_group >= 0 else cfg.fidelity.policy_groups or cfg.model.num_index_groups
         extra = max(0, min(processes, groups, cfg.model.num_index_groups) - 1)
         out["workers_bytes"] = extra * (out["scratch_bytes"] + WORKER_BYTES)
     out["peak_bytes"] = sum(v for key, v in out.items() if key.endswith("_bytes") and not key.startswith("probe"))

@@ -232,7 +232,9 @@ class PolicyRunner:
         self.want = cfg.fidelity.policy_groups
         self.layers = np.asarray(model.group_sizes())
         self.pilot_left = 0
-        if self.want <= 0 or self.want >= self.num_groups:
+        if cfg.fidelity.only_group >= 0:  # one group alone, standing for every layer
+            self.groups, self.group_of = [cfg.fidelity.only_group], np.full(self.num_groups, cfg.fidelity.only_group)
+        elif self.want <= 0 or self.want >= self.num_groups:
             self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
         elif cfg.fidelity.pilot_steps > 0:  # all groups first; stratify on what they measured
             self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
@@ -325,6 +327,8 @@ class PolicyRunner:
         smallest multiple of the stride whose caches fit PILOT_MAX_ENTRIES), then the simulated groups."""
         num_groups, want = cfg.model.num_index_groups, cfg.fidelity.policy_groups
         k = max(1, int(round(1.0 / cfg.fidelity.request_fraction)))
+        if cfg.fidelity.only_group >= 0:
+            return [(1, k)]
         if want <= 0 or want >= num_groups:
             return [(num_groups, k)]
         if cfg.fidelity.pilot_steps <= 0:

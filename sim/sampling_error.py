@@ -44,7 +44,7 @@ def is_sampled(cfg) -> bool:
     """Whether the run samples the policy's work (fewer groups, a share of the requests, or skipped steps)."""
     fid = cfg.fidelity
     fraction = 1.0 if fid.request_fraction is None else fid.request_fraction
-    return fid.policy_groups != 0 or fraction < 1.0 or fid.step_stride > 1
+    return fid.policy_groups != 0 or fraction < 1.0 or fid.step_stride > 1 or fid.only_group >= 0
 
 
 def _key(hardware: str, attention: str, spec: bool, system: str) -> tuple:

@@ -124,6 +124,8 @@ class FidelityConfig(Section):
                                                "1.0 for a full run", "fraction")
     step_stride: int = key(1, "run the policy every Nth step; the steps between reuse the last ratios", "steps")
     pilot_steps: int = key(8, "policy steps on all groups before stratifying (0 = stratify up front)", "steps")
+    only_group: int = key(-1, "simulate this one indexer group alone, standing for every layer, with no pilot (-1 = "
+                              "off): a full run's groups one at a time (bench/full_fidelity_by_group.py)", "group")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,134 @@
+"""A full-fidelity hit rate from one indexer group at a time (issue 29 item 3, where a whole run does not fit).
+
+The policy's groups are independent caches, and on a config whose decode batches do not depend on the hits (every
+request's steps and tokens are fixed by the workload; check `decode_tokens` below) a full run's step sums each
+group's hits and unique references weighted by its layers (sim/engine.py `_link_totals`). A replay with
+`fidelity.only_group=g` at full request fraction runs group g's cache exactly as the full run does, standing for
+all L layers, so over the run
+
+    hits_full = sum_g (layers_g / L) * hits_g        unique_full = sum_g (layers_g / L) * unique_g
+
+with hits_g = gpu_hit_rate_g * unique_ref_fraction_g * refs (refs, every run's references, is the same in each).
+Each group's replay needs one cache's memory (~1.4 GB for a paper TP group), not all 21 at once, and the groups run
+in parallel processes. Only the hit rate combines: a step's time depends on all groups' hits at once, so decode
+tok/s is not recovered (each group's replay prices its steps with its own hits only).
+
+`--check-full` also runs the full-fidelity replay whole (a small config only) and states both: the decomposition's
+check. Finished groups are kept in --out as they end; a rerun with the same --out skips them (a killed run resumes).
+
+Usage: python bench/full_fidelity_by_group.py configs/paper-h200-tp-specon.yaml [--set KEY=VALUE] [--processes 2]
+           [--groups 0 1 ...] [--check-full] --out bench/results/full_fidelity_by_group_h200-tp-specon.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0", "fidelity.step_stride=1"]
+KEEP = ("decode_steps", "decode_tokens", "completed_requests", "gpu_hit_rate", "unique_ref_fraction",
+        "decode_throughput_tok_s", "peak_rss_bytes", "sim_wall_s")
+
+
+def _replay(job: tuple[str, list[str]]) -> dict:
+    """One replay in this (pool) process: the metrics kept."""
+    import sim
+
+    config, sets = job
+    t0 = time.perf_counter()
+    m = sim.replay(config, None, overrides=sets, policy_workers=1, policy_backend="numpy")
+    return {**{k: m[k] for k in KEEP}, "wall_s": time.perf_counter() - t0}
+
+
+def combine(rows: dict[int, dict], layers: list[int]) -> dict:
+    """The full run's hit rate from every group's own replay (`rows`: group -> metrics), weighted by its layers."""
+    total = float(sum(layers))
+    hits = sum(layers[g] / total * r["gpu_hit_rate"] * r["unique_ref_fraction"] for g, r in rows.items())
+    unique = sum(layers[g] / total * r["unique_ref_fraction"] for g, r in rows.items())
+    tokens = {r["decode_tokens"] for r in rows.values()}
+    steps = {r["decode_steps"] for r in rows.values()}
+    return {"gpu_hit_rate": hits / unique if unique else 1.0, "unique_ref_fraction": unique,
+            "groups": len(rows), "of_groups": len(layers),
+            "same_batches": len(tokens) == 1 and len(steps) == 1,  # every group saw the same decode steps and tokens
+            "decode_steps": min(steps), "decode_tokens": min(tokens)}
+
+
+def _load(out: Path) -> dict:
+    if not out.exists():
+        return {}
+    try:
+        return json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _save(out: Path, result: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def _layers(config: str, sets: list[str]) -> list[int]:
+    from sim.config import build, load_config
+
+    return [int(x) for x in build(load_config(Path(config), sets)).model.group_sizes()]
+
+
+def run(args) -> dict:
+    config = str(args.config)
+    layers = _layers(config, FULL + args.sets)
+    groups = args.groups if args.groups else list(range(len(layers)))
+    result = _load(args.out)
+    if result.get("config") != config or result.get("sets") != args.sets:
+        result = {}
+    result.update({
+        "what": "full-fidelity hit rate from one indexer group at a time (fidelity.only_group), weighted by layers",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "config": config, "sets": args.sets,
+        "machine": {"host": platform.node(), "python": platform.python_version(), "processes": args.processes},
+        "layers": layers})
+    rows = {int(g): r for g, r in result.get("groups", {}).items()}
+    todo = [g for g in groups if g not in rows]
+    jobs = [(config, FULL + args.sets + [f"fidelity.only_group={g}"]) for g in todo]
+    with mp.get_context("fork").Pool(args.processes, maxtasksperchild=1) as pool:
+        for g, row in zip(todo, pool.imap(_replay, jobs)):
+            rows[g] = row
+            result["groups"] = {str(k): rows[k] for k in sorted(rows)}
+            result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            _save(args.out, result)
+            print(f"group {g}: hit rate {row['gpu_hit_rate']:.4f} in {row['wall_s']:.1f} s", flush=True)
+    result["combined"] = combine(rows, layers)
+    if args.check_full:
+        result["full_run"] = _replay((config, FULL + args.sets))
+    _save(args.out, result)
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--groups", type=int, nargs="*", default=None, help="these groups only (default: all)")
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--check-full", action="store_true", help="also the full replay whole (small configs)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    try:
+        result = run(args)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: result[k] for k in ("combined", "full_run") if k in result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
