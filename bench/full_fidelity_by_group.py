@@ -25,6 +25,7 @@ import argparse
 import datetime
 import json
 import multiprocessing as mp
+import multiprocessing.connection
 import platform
 import sys
 import time
@@ -46,6 +47,40 @@ def _replay(job: tuple[str, list[str]]) -> dict:
     t0 = time.perf_counter()
     m = sim.replay(config, None, overrides=sets, policy_workers=1, policy_backend="numpy")
     return {**{k: m[k] for k in KEEP}, "wall_s": time.perf_counter() - t0}
+
+
+def _child(job: tuple[str, list[str]], conn) -> None:
+    try:
+        conn.send(_replay(job))
+    except BaseException as e:  # (the parent states it)
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+
+
+def in_processes(jobs: list, processes: int):
+    """(index, metrics) of each job as it ends, at most `processes` forked replays at once (each a fresh process:
+    its memory goes back at its end; forked, so the function is not pickled)."""
+    ctx = mp.get_context("fork")
+    pending, running = list(enumerate(jobs)), {}
+    while pending or running:
+        while pending and len(running) < max(1, processes):
+            i, job = pending.pop(0)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(job, send))
+            proc.start()
+            send.close()
+            running[recv] = (i, proc)
+        for recv in mp.connection.wait(list(running)):
+            i, proc = running.pop(recv)
+            try:
+                row = recv.recv()
+            except EOFError:
+                row = {"error": f"the replay's process ended with code {proc.exitcode}"}
+            proc.join()
+            if "error" in row:
+                for _, other in running.values():
+                    other.kill()
+                raise ValueError(f"job {i}: {row['error']}")
+            yield i, row
 
 
 def combine(rows: dict[int, dict], layers: list[int]) -> dict:
@@ -98,13 +133,13 @@ def run(args) -> dict:
     rows = {int(g): r for g, r in result.get("groups", {}).items()}
     todo = [g for g in groups if g not in rows]
     jobs = [(config, FULL + args.sets + [f"fidelity.only_group={g}"]) for g in todo]
-    with mp.get_context("fork").Pool(args.processes, maxtasksperchild=1) as pool:
-        for g, row in zip(todo, pool.imap(_replay, jobs)):
-            rows[g] = row
-            result["groups"] = {str(k): rows[k] for k in sorted(rows)}
-            result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            _save(args.out, result)
-            print(f"group {g}: hit rate {row['gpu_hit_rate']:.4f} in {row['wall_s']:.1f} s", flush=True)
+    for i, row in in_processes(jobs, args.processes):
+        g = todo[i]
+        rows[g] = row
+        result["groups"] = {str(k): rows[k] for k in sorted(rows)}
+        result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        _save(args.out, result)
+        print(f"group {g}: hit rate {row['gpu_hit_rate']:.4f} in {row['wall_s']:.1f} s", flush=True)
     result["combined"] = combine(rows, layers)
     if args.check_full:
         result["full_run"] = _replay((config, FULL + args.sets))
