@@ -281,6 +281,7 @@ def markdown(data: dict) -> str:
             f"{_f(r['tpot_p50_ms_full'], '.2f')} | {_f(r['tpot_p50_error_pct'], '+.1f')}% | "
             f"{r['steady_window_steps']} | {r['sim_wall_s_default']:.1f} / {r['sim_wall_s_full']:.1f} | "
             f"{r['peak_rss_bytes_default'] / 1e9:.2f} / {r['peak_rss_bytes_full'] / 1e9:.2f} |")
+    lines += _hit_rows_md(data.get("hit_table", []))
     lines += _matched_md(data["table"])
     lines += _attribution_md(data.get("attribution", []))
     lines += _larger_sample_md(data.get("larger_sample", []))
@@ -329,8 +330,9 @@ def write_table(data: dict, path: Path, extra: list[Path] = (), source: Path = O
                        "default_fidelity": meta["scale"]["per_config"][r["config"]]["paper"]["fidelity"],
                        **({"measured_workload": _workload_of(r["config"], meta["scale"]["seed"])}
                           if not meta["scale"]["cap"] else {}),
-                       "other_seeds": others.get(r["config"], [])}
-                      for r in data["table"]]}
+                       "other_seeds": others.get(r["config"], []), **({"hit_rate_only": True}
+                                                                       if r.get("hit_rate_only") else {})}
+                      for r in data["table"] + data.get("hit_table", [])]}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(table, indent=1) + "\n")
 
@@ -349,6 +351,7 @@ def save(data: dict, out: Path) -> None:
     data["table"] = table_rows(data["records"])
     data["attribution"] = attribution_rows(data["records"])
     data["larger_sample"] = larger_sample_rows(data["records"])
+    data["hit_table"] = hit_rows(data["records"])
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(data, indent=1) + "\n")
     atomic_write_text(out.with_suffix(".md"), markdown(data))
@@ -421,6 +424,9 @@ def main(argv=None) -> int:
     ap.add_argument("--full-from", nargs="*", type=Path, default=[], metavar="JSON",
                     help="take the full replays from bench/full_fidelity.py whole runs (e.g. a device machine's) "
                          "instead of running them")
+    ap.add_argument("--hits-from", nargs="*", type=Path, default=[], metavar="JSON",
+                    help="with --add: a config's full-fidelity hit rate from bench/full_fidelity_by_group.py (where "
+                         "no whole full replay exists: the table's row then has the hit rate's error only)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -435,7 +441,7 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:  # missing or not JSON: one line, not a traceback
             print(f"fidelity_error: cannot summarize {out}: {e}", file=sys.stderr)
             return 2
-    elif args.add:
+    elif args.add or args.full_from or args.hits_from:
         data = run_added(args, out)
     else:
         data = run_study(args, out)
@@ -494,6 +500,55 @@ def full_records(paths: list[Path]) -> dict:
     return out
 
 
+def hit_records(paths: list[Path]) -> dict:
+    """`<config>/full_hits` records from bench/full_fidelity_by_group.py JSONs: a paper config's full-fidelity hit
+    rate from every group's replay alone (no throughput), with its commit and machine."""
+    out = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        name = Path(data.get("config", "")).stem
+        comb = data.get("combined") or {}
+        if name not in CONFIGS or data.get("sets") or comb.get("groups") != comb.get("of_groups") \
+                or not comb.get("same_batches"):
+            raise ValueError(f"{path}: not every group of a paper config without --set, with the same batches")
+        out[f"{name}/full_hits"] = {"status": "ok", "overrides": FULL + ["fidelity.only_group=<each>"],
+                                    "metrics": {k: comb[k] for k in ("gpu_hit_rate", "decode_steps", "decode_tokens")},
+                                    "commit": data.get("tree"), "source": str(path), "machine": data.get("machine")}
+    return out
+
+
+def hit_rows(records: dict) -> list[dict]:
+    """Configs with a default replay and a by-group full hit rate but no whole full replay: the hit rate's error only
+    (the default's decode steps must be the groups' own: the same batches)."""
+    rows = []
+    for name in CONFIGS:
+        d, h = records.get(f"{name}/default", {}), records.get(f"{name}/full_hits", {})
+        if d.get("status") != "ok" or h.get("status") != "ok" or records.get(f"{name}/full", {}).get("status") == "ok":
+            continue
+        dm, hm = d["metrics"], h["metrics"]
+        if dm["decode_steps"] != hm["decode_steps"]:
+            continue
+        rows.append({"config": name, "hardware": dm["hardware"], "attention": dm["attention"],
+                     "spec": dm["draft_tokens"] > 0, "system": dm["system"], "hit_rate_only": True,
+                     "hit_rate_default": dm["gpu_hit_rate"], "hit_rate_full": hm["gpu_hit_rate"],
+                     "hit_rate_error_points": (dm["gpu_hit_rate"] - hm["gpu_hit_rate"]) * 100.0,
+                     "tok_s_error_pct": None, "tpot_p50_error_pct": None, "tok_s_default": dm["decode_throughput_tok_s"],
+                     "tok_s_full": None, "steady_window_steps": dm["steady_window_steps"],
+                     "request_sample_stride_default": dm["request_sample_stride"], "sampled_per_space_default": None,
+                     "policy_groups_default": dm["policy_groups_simulated"], "source_full": h["source"]})
+    return rows
+
+
+def _hit_rows_md(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "Hit rate only (the full run's hit rate from every group's replay alone, "
+             "bench/full_fidelity_by_group.py; its throughput does not combine):", "",
+             "| config | hit rate default → full | Δ hit (pts) | source |", "|---|---|---|---|"]
+    return lines + [f"| {r['config']} | {r['hit_rate_default']:.3f} → {r['hit_rate_full']:.3f} | "
+                    f"{r['hit_rate_error_points']:+.1f} | `{r['source_full']}` |" for r in rows]
+
+
 def _simulated(rec: dict) -> dict:
     """A record's simulated figures (what a rerun at the same commit reproduces: not wall time or memory)."""
     return {k: v for k, v in (rec.get("metrics") or {}).items()
@@ -516,7 +571,7 @@ def run_added(args, out: Path) -> dict:
     scale = data["meta"]["scale"]
     extras = {"default": [], "full": FULL, **VARIANTS}
     todo = []
-    for key, rec in full_records(args.full_from).items():  # whole full runs made elsewhere join the study
+    for key, rec in {**full_records(args.full_from), **hit_records(args.hits_from)}.items():  # made elsewhere
         _merge(data, key, rec)
     for name in [n for n in args.only.split(",") if n] or list(CONFIGS):
         if name not in scale["per_config"]:  # a config new to the study: at the study's own scale
@@ -525,7 +580,7 @@ def run_added(args, out: Path) -> dict:
         per = scale["per_config"][name]
         extras["matched"] = matched_overrides(per)
         todo += [(f"{name}/{v}", ROOT / "configs" / f"{name}.yaml", per["overrides"] + extras[v])
-                 for v in args.add.split(",")]
+                 for v in args.add.split(",") if v]
     data["meta"].setdefault("later_calls", []).append(
         {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
          "command": " ".join(["python", "bench/fidelity_error.py", *sys.argv[1:]]), "load_avg_before": os.getloadavg()})

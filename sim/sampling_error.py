@@ -98,6 +98,8 @@ def _measured(cfg, table: dict, row: dict) -> dict:
     out = {**{k: row.get(k) for k in ERROR_KEYS},
            "measured_config": row.get("config"), "measured_fidelity": measured, "fidelity_matches": same,
            "other_seeds": [{k: o.get(k) for k in ("seed", *ERROR_KEYS)} for o in row.get("other_seeds", [])]}
+    if row.get("hit_rate_only"):  # a full run's hit rate from its groups alone: no throughput to compare
+        out["hit_rate_only"] = True
     if all(k in row for k in MATCHED_KEYS):
         out["paper_matched"] = {
             **{k[:-len("_matched")]: row[k] for k in MATCHED_KEYS},

@@ -45,3 +45,31 @@ def test_only_group_is_checked_and_runs_one_group(tmp_path):
         sim.replay({**CFG, "fidelity": {"only_group": 4}})
     m = sim.replay({**CFG, "fidelity": {"only_group": 1, "policy_groups": 0, "request_fraction": 1.0}})
     assert m["policy_groups_simulated"] == 1
+
+
+def test_the_fidelity_study_takes_a_by_group_hit_rate(bench_module, tmp_path):
+    """bench/fidelity_error.py --hits-from: a hit-rate-only row where no whole full replay exists, and only for the
+    default's own batches."""
+    import json
+
+    fe = bench_module("fidelity_error")
+    comb = {"gpu_hit_rate": 0.4, "groups": 21, "of_groups": 21, "same_batches": True, "decode_steps": 10,
+            "decode_tokens": 50.0}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"config": "configs/paper-h200-tp-specon.yaml", "sets": [], "combined": comb,
+                                "tree": "abc"}))
+    recs = fe.hit_records([path])
+    dm = {"hardware": "h200", "attention": "tp", "draft_tokens": 4, "system": "ulacache", "gpu_hit_rate": 0.5,
+          "decode_throughput_tok_s": 100.0, "steady_window_steps": 3, "request_sample_stride": 16,
+          "policy_groups_simulated": 2, "decode_steps": 10}
+    recs["paper-h200-tp-specon/default"] = {"status": "ok", "metrics": dm}
+    (row,) = fe.hit_rows(recs)
+    assert row["hit_rate_error_points"] == pytest.approx(10.0) and row["tok_s_error_pct"] is None
+    assert row["hit_rate_only"] and row["source_full"] == str(path)
+    assert fe.hit_rows({**recs, "paper-h200-tp-specon/default": {"status": "ok",
+                                                                   "metrics": {**dm, "decode_steps": 11}}}) == []
+    assert fe.hit_rows({**recs, "paper-h200-tp-specon/full": {"status": "ok"}}) == []  # a whole run wins
+    path.write_text(json.dumps({"config": "configs/paper-h200-tp-specon.yaml", "sets": [],
+                                "combined": {**comb, "groups": 20}}))
+    with pytest.raises(ValueError, match="not every group"):
+        fe.hit_records([path])

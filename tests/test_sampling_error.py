@@ -31,13 +31,30 @@ ROW = {"hardware": "h200", "attention": "tp", "spec": True, "system": "ulacache"
 
 def test_match_returns_the_row_and_its_provenance(tmp_path):
     path = _table(tmp_path, [ROW, {**ROW, "spec": False, "config": "paper-h200-tp-specoff", "tok_s_error_pct": 1.0}])
-    got = sampling_error(_cfg("paper-h200-tp-specon"), path)
+    none = tmp_path / "no_paper_table.json"  # (the reduced table alone)
+    got = sampling_error(_cfg("paper-h200-tp-specon"), path, none)
     assert got["hit_rate_error_points"] == 12.5 and got["tok_s_error_pct"] == 7.0
     assert got["measured_config"] == "paper-h200-tp-specon" and got["fidelity_matches"] is True
     assert got["source"] == "bench/results/fidelity_error.json" and got["date"] == "2026-12-06"
     assert got["scale"] == "cap 8"
-    other = sampling_error(_cfg("paper-h200-tp-specon", ["fidelity.request_fraction=0.125"]), path)
+    other = sampling_error(_cfg("paper-h200-tp-specon", ["fidelity.request_fraction=0.125"]), path, none)
     assert other["fidelity_matches"] is False and other["tok_s_error_pct"] == 7.0
+
+
+def test_a_hit_rate_only_measurement_of_the_very_run_says_so(tmp_path):
+    """A paper row made from the groups alone (bench/full_fidelity_by_group.py) has no throughput error: the run
+    states its hit-rate error, marked, with the reduced-scale row beside it."""
+    reduced = _table(tmp_path, [ROW])
+    (tmp_path / "paper").mkdir()
+    workload = {"profile": "multi-lexsum", "trace": None, "num_requests": 256, "max_concurrency": 256,
+                "max_steps": 0, "seed": 0}
+    paper = _table(tmp_path / "paper", [{**ROW, "hit_rate_error_points": 2.8, "tok_s_error_pct": None,
+                                         "tpot_p50_error_pct": None, "hit_rate_only": True,
+                                         "measured_workload": workload}])
+    got = sampling_error(_cfg("paper-h200-tp-specon"), reduced, paper)
+    assert got["measured_run"] is True and got["hit_rate_only"] is True
+    assert got["hit_rate_error_points"] == 2.8 and got["tok_s_error_pct"] is None
+    assert got["reduced_scale"]["tok_s_error_pct"] == 7.0 and "hit_rate_only" not in got["reduced_scale"]
 
 
 def test_no_match_and_full_run_give_none(tmp_path):
@@ -116,7 +133,7 @@ def test_paper_matched_error_when_the_table_has_it(tmp_path):
     seeds = [{"seed": 1, "hit_rate_error_points": 4.3, "tok_s_error_pct": 6.8, "tpot_p50_error_pct": -6.0,
               "hit_rate_error_points_matched": 0.9, "tok_s_error_pct_matched": 0.1, "tpot_p50_error_pct_matched": 0.0}]
     path = _table(tmp_path, [{**ROW, **matched, "other_seeds": seeds}, {**ROW, "spec": False, "config": "x"}])
-    got = sampling_error(_cfg("paper-h200-tp-specon"), path)
+    got = sampling_error(_cfg("paper-h200-tp-specon"), path, tmp_path / "no_paper_table.json")
     assert got["hit_rate_error_points"] == 12.5  # the reduced default's, unchanged
     pm = got["paper_matched"]
     assert pm["hit_rate_error_points"] == 0.4 and pm["tok_s_error_pct"] == 0.7 and pm["sampled_per_space"] == 9
@@ -131,10 +148,11 @@ def test_committed_paper_table_is_its_bench_result():
     table = load_table(PAPER_TABLE_PATH)
     source = json.loads((ROOT / table["source"]).read_text())
     assert source["meta"]["scale"]["label"] == "paper scale" and table["rows"]
-    by_config = {r["config"]: r for r in source["table"]}
+    by_config = {r["config"]: r for r in source["table"] + source.get("hit_table", [])}
     for row in table["rows"]:
         for key in ("hit_rate_error_points", "tok_s_error_pct", "hit_rate_default", "hit_rate_full"):
-            assert row[key] == pytest.approx(by_config[row["config"]][key]), key
+            assert row[key] == (pytest.approx(by_config[row["config"]][key]) if row[key] is not None
+                                else by_config[row["config"]][key]), key
     got = sampling_error(_cfg(table["rows"][0]["config"]))  # the measured run itself: its paper-scale error first
     assert got["measured_run"] is True and got["measured_config"] == table["rows"][0]["config"]
     assert got["hit_rate_error_points"] == pytest.approx(table["rows"][0]["hit_rate_error_points"])
