@@ -365,6 +365,19 @@ def _check_numbers(section: str, values: dict) -> None:
                 break
 
 
+def _fidelity(fid: dict, num_requests: int, num_groups: int) -> dict:
+    """The fidelity section checked, with its default request fraction filled in."""
+    if fid["request_fraction"] is None:
+        fid = {**fid, "request_fraction": 1.0 / min(16, max(1, num_requests // 16))}
+    if not 0 < fid["request_fraction"] <= 1:
+        raise ValueError("config key fidelity.request_fraction must be in (0, 1]")
+    if fid["policy_groups"] < 0 or fid["policy_groups"] > num_groups:
+        raise ValueError(f"config key fidelity.policy_groups must be in [0, {num_groups}]")
+    if not -1 <= fid["only_group"] < num_groups:
+        raise ValueError(f"config key fidelity.only_group must be -1 (off) or in [0, {num_groups - 1}]")
+    return fid
+
+
 def build(tree: dict) -> SimConfig:
     """Resolved dict -> SimConfig (validates preset overrides and cross-field rules)."""
     from sim.calibration import check_costs
@@ -405,14 +418,7 @@ def build(tree: dict) -> SimConfig:
         probs = spec["accept_probs"]
         if len(probs) != q or min(probs) < 0 or abs(sum(probs) - 1) > 1e-6:
             raise ValueError(f"config key spec.accept_probs must be {q} probabilities summing to 1")
-    if fid["request_fraction"] is None:
-        fid = {**fid, "request_fraction": 1.0 / min(16, max(1, wl["num_requests"] // 16))}
-    if not 0 < fid["request_fraction"] <= 1:
-        raise ValueError("config key fidelity.request_fraction must be in (0, 1]")
-    if fid["policy_groups"] < 0 or fid["policy_groups"] > model_spec.num_index_groups:
-        raise ValueError(f"config key fidelity.policy_groups must be in [0, {model_spec.num_index_groups}]")
-    if not -1 <= fid["only_group"] < model_spec.num_index_groups:
-        raise ValueError(f"config key fidelity.only_group must be -1 (off) or in [0, {model_spec.num_index_groups - 1}]")
+    fid = _fidelity(fid, wl["num_requests"], model_spec.num_index_groups)
     mem = tree["memory"]
     if not 0 < mem["host_kv_fraction"] <= 1:
         raise ValueError("config key memory.host_kv_fraction must be in (0, 1]")

@@ -232,15 +232,7 @@ class PolicyRunner:
         self.want = cfg.fidelity.policy_groups
         self.layers = np.asarray(model.group_sizes())
         self.pilot_left = 0
-        if cfg.fidelity.only_group >= 0:  # one group alone, standing for every layer
-            self.groups, self.group_of = [cfg.fidelity.only_group], np.full(self.num_groups, cfg.fidelity.only_group)
-        elif self.want <= 0 or self.want >= self.num_groups:
-            self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
-        elif cfg.fidelity.pilot_steps > 0:  # all groups first; stratify on what they measured
-            self.groups, self.group_of = list(range(self.num_groups)), np.arange(self.num_groups)
-            self.pilot_left = cfg.fidelity.pilot_steps
-        else:
-            self.groups, self.group_of = self._upfront_groups()
+        self.groups, self.group_of = self._first_groups()
         self.max_request_tokens = max_request_tokens
         self.make_cache = make_cache
         phases = self.phases(cfg, getattr(make_cache, "bound", None), make_cache)
@@ -287,6 +279,18 @@ class PolicyRunner:
         self._torch_threads = None  # torch's threads before a split (`after_fork`), given back at `close`
         if self.split_first:
             self._start_split()
+
+    def _first_groups(self) -> tuple[list[int], np.ndarray]:
+        """(simulated groups, the group each group's layers copy) at the start; sets `pilot_left` for a pilot."""
+        fid = self.cfg.fidelity
+        if fid.only_group >= 0:  # one group alone, standing for every layer
+            return [fid.only_group], np.full(self.num_groups, fid.only_group)
+        if self.want <= 0 or self.want >= self.num_groups:
+            return list(range(self.num_groups)), np.arange(self.num_groups)
+        if fid.pilot_steps > 0:  # all groups first; stratify on what they measured
+            self.pilot_left = fid.pilot_steps
+            return list(range(self.num_groups)), np.arange(self.num_groups)
+        return self._upfront_groups()
 
     def _split_first(self, processes: int) -> bool:
         """Whether the caches are built after the split: on a device backend always; on numpy when the simulated

@@ -318,18 +318,22 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     metrics = metrics_of(cfg, system, budget, engine, wall, costs)
     metrics.update(_execution_metrics(engine, est, backend))
     if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        import pandas as pd
-
-        pd.DataFrame(engine.state.timeline).to_parquet(out_dir / "timeline.parquet", index=False)
-        (out_dir / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-        (out_dir / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+        _write_outputs(Path(out_dir), engine, tree, metrics)
     if recorder is not None:
         recorder.write(Path(trace_events), meta={"system": cfg.system, "attention": cfg.attention,
                                                  "steps_recorded": min(engine.state.steps,
                                                                        cfg.output.trace_event_steps)})
     return _json_safe(metrics)
+
+
+def _write_outputs(out_dir: Path, engine: Engine, tree: dict, metrics: dict) -> None:
+    """timeline.parquet, the resolved config.yaml and metrics.json in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    import pandas as pd
+
+    pd.DataFrame(engine.state.timeline).to_parquet(out_dir / "timeline.parquet", index=False)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    (out_dir / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
 
 
 class _progress:
