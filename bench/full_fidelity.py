@@ -94,22 +94,21 @@ class _Totals:
             print(f"TOTALS {self.steps} {rate:.6f} {self.tokens:.0f} {self.busy_s:.6f}", flush=True)
 
 
+def _tagged(stdout, tag: str, n: int) -> list[list[float]]:
+    """The first n numbers of each `tag` line of a child's output (str, or bytes from a stopped child)."""
+    text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
+    return [[float(x) for x in ln.split()[1:n + 1]] for ln in text.splitlines() if ln.startswith(tag + " ")]
+
+
 def totals_of(stdout) -> list[dict]:
     """The TOTALS lines: decode steps, hit rate so far, decode tokens and s so far (tok/s: tokens / s)."""
-    text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
-    out = []
-    for ln in text.splitlines():
-        if ln.startswith("TOTALS "):
-            steps, rate, tokens, busy = (float(x) for x in ln.split()[1:5])
-            out.append({"decode_steps": int(steps), "gpu_hit_rate": rate, "decode_tokens": tokens,
-                        "decode_s": busy, "decode_tok_s": tokens / busy if busy else 0.0})
-    return out
+    return [{"decode_steps": int(steps), "gpu_hit_rate": rate, "decode_tokens": tokens, "decode_s": busy,
+             "decode_tok_s": tokens / busy if busy else 0.0} for steps, rate, tokens, busy in _tagged(stdout, "TOTALS", 4)]
 
 
 def ticks_of(stdout) -> list[list[float]]:
     """[decode steps, requests done, wall s] of each TICK line."""
-    text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
-    return [[float(x) for x in ln.split()[1:4]] for ln in text.splitlines() if ln.startswith("TICK ")]
+    return _tagged(stdout, "TICK", 3)
 
 
 def child(spec: dict) -> None:
@@ -272,8 +271,8 @@ def main() -> int:
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=ROOT).stdout.strip() or None,
         "machine": {"host": platform.node(), "python": platform.python_version(), "cpus": usable_cores()},
-        # library threads: $ULACACHE_THREADS, else the default (a run split over processes: cores // processes in
-        # each, its row's policy_threads)
+        # library threads: $ULACACHE_THREADS as set (unset: ulacache/threads.py's default; a cut that ended has them
+        # in its row's policy_threads)
         "ulacache_threads_env": os.environ.get(ENV_VAR) or None,
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
         "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),

@@ -34,13 +34,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from traces.atomic import atomic_write_text  # noqa: E402
+
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0", "fidelity.step_stride=1"]
 KEEP = ("decode_steps", "decode_tokens", "completed_requests", "gpu_hit_rate", "unique_ref_fraction",
         "decode_throughput_tok_s", "peak_rss_bytes", "sim_wall_s")
 
 
 def _replay(job: tuple[str, list[str]]) -> dict:
-    """One replay in this (pool) process: the metrics kept."""
+    """One replay in this (forked) process: the metrics kept."""
     import sim
 
     config, sets = job
@@ -107,9 +109,7 @@ def _load(out: Path) -> dict:
 
 def _save(out: Path, result: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out)
+    atomic_write_text(out, json.dumps(result, indent=1) + "\n")
 
 
 def _layers(config: str, sets: list[str]) -> list[int]:
