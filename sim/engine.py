@@ -90,9 +90,10 @@ class Batch:
 
 class Engine:
     def __init__(self, cfg, costs: CostModel, system: System, requests, source, recorder: TraceRecorder | None,
-                 make_cache=None, policy_processes: int = 1):
+                 make_cache=None, policy_processes: int = 1, ratio_log=None, ratio_player=None):
         """`policy_processes`: processes the simulated groups' policy runs in (sim/group_workers.py); the metrics
-        are the same for any number."""
+        are the same for any number. `ratio_log` records the policy's ratios, `ratio_player` stands in for the
+        policy with recorded ones (sim/ratio_replay.py)."""
         self.cfg, self.costs, self.system, self.source = cfg, costs, system, source
         arrival, rid = np.asarray(requests["arrival_s"], dtype=float), np.asarray(requests["request_id"], np.int64)
         order = np.lexsort((rid, arrival))  # by (arrival, request id): a DataFrame's stable sort_values order
@@ -124,10 +125,12 @@ class Engine:
         self.recorder = recorder
         self.node = Node(self.env, cfg.num_gpus, costs, recorder)
         self.timer = StepTimer(self.env, self.node, recorder)
-        self.runner = None
-        if system.uses_policy and make_cache is not None:
+        self.runner = ratio_player
+        if ratio_player is None and system.uses_policy and make_cache is not None:
             max_len = int((self.inp + self.out).max()) + self.q + 1
             self.runner = PolicyRunner(cfg, system, source, max_len, make_cache, policy_processes)
+            if ratio_log is not None:
+                self.runner = ratio_log.recording(self.runner)
         self.group_layers = np.asarray(cfg.model.group_sizes(), dtype=float)
         self.state = RunState()
         self._saturated = False

@@ -273,7 +273,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
            trace_events: Path | None = None, calibration: Path | None = None,
            overrides: list[str] | None = None, max_memory_gb: float | None = None,
            policy_workers: int | None = 1, policy_backend: str | None = None,
-           on_step: Callable[[dict], None] | None = None) -> dict:
+           on_step: Callable[[dict], None] | None = None, ratio_log=None, ratio_player=None) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
     `progress`: True for a progress bar, or a callable(requests done, requests) called after each decode step;
     `on_step`: a callable given each decode step's timeline record as it ends (a long run's figures so far: its
@@ -283,7 +283,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     has, it is refused with `footprint.MemoryLimitError` (a ValueError: one line, exit 2) and nothing is written.
     `policy_workers`: processes the simulated indexer groups may run in (sim/group_workers.py; None:
     $ULACACHE_POLICY_WORKERS, else the usable cores, as `ulacache replay`, `sweep` and `plan` run); every metric but
-    the wall time and `policy_processes` is the same for any number. `policy_backend`: the array backend of the
+    the wall time and `policy_processes` is the same for any number. `ratio_log`/`ratio_player`: record the policy's
+    ratios, or play recorded ones back instead of running it (sim/ratio_replay.py). `policy_backend`: the array backend of the
     policy caches (sim/policy_backend.py; None: $ULACACHE_POLICY_BACKEND, else numpy): the same metrics on any;
     a device backend splits the groups over processes only without a pilot (full fidelity: the split is made
     before any cache exists, as a CUDA context does not survive a fork), else runs them in one."""
@@ -297,14 +298,14 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     system = system_for_workload(cfg, budget, requests, source)
     recorder = TraceRecorder() if trace_events else None
     backend = resolve_backend(policy_backend)
-    make_cache = cache_factory(cfg, system, requests) if system.uses_policy else None
+    make_cache = cache_factory(cfg, system, requests) if _runs_policy(cfg, system, ratio_player) else None
     processes = resolve_processes(policy_workers)  # (a device backend's workers fork before its caches exist)
     threads.threads()  # a bad $ULACACHE_THREADS fails here, not minutes into the run
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
         make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound)
         source = _source_on(source, backend)
-    engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes)
+    engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes, ratio_log, ratio_player)
     try:
         with _progress(progress, engine.n_req) as tick:
             engine.run(tick, on_step)
@@ -324,6 +325,16 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
                                                  "steps_recorded": min(engine.state.steps,
                                                                        cfg.output.trace_event_steps)})
     return _json_safe(metrics)
+
+
+def _runs_policy(cfg: SimConfig, system, ratio_player) -> bool:
+    """Whether the replay runs the policy's caches: not where recorded ratios stand in (checked against the config)."""
+    if ratio_player is None:
+        return system.uses_policy
+    if not system.uses_policy:
+        raise ValueError(f"ratio replay: system {cfg.system} runs no policy")
+    ratio_player.check(cfg.model.num_index_groups)
+    return False
 
 
 def _write_outputs(out_dir: Path, engine: Engine, tree: dict, metrics: dict) -> None:
