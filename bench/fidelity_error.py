@@ -514,7 +514,22 @@ def hit_records(paths: list[Path]) -> dict:
         out[f"{name}/full_hits"] = {"status": "ok", "overrides": FULL + ["fidelity.only_group=<each>"],
                                     "metrics": {k: comb[k] for k in ("gpu_hit_rate", "decode_steps", "decode_tokens")},
                                     "commit": data.get("tree"), "source": str(path), "machine": data.get("machine")}
+        played = data.get("played") or {}
+        if played.get("hit_rate_matches_combined"):  # every group's ratios played back: the whole full run
+            out[f"{name}/full"] = _played_record(data, played, path)
     return out
+
+
+def _played_record(data: dict, played: dict, path: Path) -> dict:
+    """A `<config>/full` record from a by-group JSON's playback (sim/ratio_replay.py): the full run's metrics; its
+    wall time and memory are those of all the replays it took (the groups' summed, the largest peak)."""
+    groups = data["groups"].values()
+    metrics = {k: played.get(k) for k in KEEP}
+    metrics["sim_wall_s"] = sum(g["wall_s"] for g in groups) + played["wall_s"]
+    metrics["peak_rss_bytes"] = max([g["peak_rss_bytes"] for g in groups] + [played["peak_rss_bytes"]])
+    return {"status": "ok", "wall_s": metrics["sim_wall_s"], "played": True,
+            "overrides": FULL + ["fidelity.only_group=<each>, ratios played back"], "metrics": metrics,
+            "commit": data.get("tree"), "source": str(path), "machine": data.get("machine")}
 
 
 def hit_rows(records: dict) -> list[dict]:

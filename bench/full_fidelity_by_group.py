@@ -10,14 +10,17 @@ all L layers, so over the run
 
 with hits_g = gpu_hit_rate_g * unique_ref_fraction_g * refs (refs, every run's references, is the same in each).
 Each group's replay needs one cache's memory (~1.4 GB for a paper TP group), not all 21 at once, and the groups run
-in parallel processes. Only the hit rate combines: a step's time depends on all groups' hits at once, so decode
-tok/s is not recovered (each group's replay prices its steps with its own hits only).
+in parallel processes. The hit rate combines in closed form; the timing does not (a step's time depends on all
+groups' hits at once). With `--ratios DIR` each group's replay also records its ratios step by step
+(sim/ratio_replay.py, DIR/group_NN.npz), and once every group has one the full-fidelity replay is run with all of
+them played back (`played`: every metric of the full run, tok/s included, exactly; its hit rate is checked against
+the combination's).
 
 `--check-full` also runs the full-fidelity replay whole (a small config only) and states both: the decomposition's
 check. Finished groups are kept in --out as they end; a rerun with the same --out skips them (a killed run resumes).
 
 Usage: python bench/full_fidelity_by_group.py configs/paper-h200-tp-specon.yaml [--set KEY=VALUE] [--processes 2]
-           [--groups 0 1 ...] [--check-full] --out bench/results/full_fidelity_by_group_h200-tp-specon.json
+           [--groups 0 1 ...] [--check-full] [--ratios DIR] --out bench/results/full_fidelity_by_group_h200-tp-specon.json
 """
 from __future__ import annotations
 
@@ -41,14 +44,29 @@ KEEP = ("decode_steps", "decode_tokens", "completed_requests", "gpu_hit_rate", "
         "decode_throughput_tok_s", "peak_rss_bytes", "sim_wall_s")
 
 
-def _replay(job: tuple[str, list[str]]) -> dict:
-    """One replay in this (forked) process: the metrics kept."""
+def _replay(job: tuple) -> dict:
+    """One replay in this (forked) process: the metrics kept; a third item of `job` is where its ratio log goes."""
     import sim
+    from sim.ratio_replay import RatioLog
 
-    config, sets = job
+    config, sets, *log_path = job
+    log = RatioLog() if log_path and log_path[0] else None
     t0 = time.perf_counter()
-    m = sim.replay(config, None, overrides=sets, policy_workers=1, policy_backend="numpy")
+    m = sim.replay(config, None, overrides=sets, policy_workers=1, policy_backend="numpy", ratio_log=log)
+    if log is not None:
+        log.save(log_path[0])
     return {**{k: m[k] for k in KEEP}, "wall_s": time.perf_counter() - t0}
+
+
+def play(config: str, sets: list[str], logs: list[Path]) -> dict:
+    """The full-fidelity replay with every group's recorded ratios played back: all its metrics, and its wall time."""
+    import sim
+    from sim.ratio_replay import RatioLog, RatioPlayer
+
+    t0 = time.perf_counter()
+    player = RatioPlayer([RatioLog.load(p) for p in logs])
+    m = sim.replay(config, None, overrides=FULL + sets, ratio_player=player)
+    return {**m, "wall_s": time.perf_counter() - t0, "ratio_logs": [str(p) for p in logs]}
 
 
 def _child(job: tuple[str, list[str]], conn) -> None:
@@ -131,8 +149,9 @@ def run(args) -> dict:
         "machine": {"host": platform.node(), "python": platform.python_version(), "processes": args.processes},
         "layers": layers})
     rows = {int(g): r for g, r in result.get("groups", {}).items()}
-    todo = [g for g in groups if g not in rows]
-    jobs = [(config, FULL + args.sets + [f"fidelity.only_group={g}"]) for g in todo]
+    logs = {g: args.ratios / f"group_{g:02d}.npz" for g in range(len(layers))} if args.ratios else {}
+    todo = [g for g in groups if g not in rows or (logs and not logs[g].exists())]
+    jobs = [(config, FULL + args.sets + [f"fidelity.only_group={g}"], logs.get(g)) for g in todo]
     for i, row in in_processes(jobs, args.processes):
         g = todo[i]
         rows[g] = row
@@ -141,6 +160,10 @@ def run(args) -> dict:
         _save(args.out, result)
         print(f"group {g}: hit rate {row['gpu_hit_rate']:.4f} in {row['wall_s']:.1f} s", flush=True)
     result["combined"] = combine(rows, layers)
+    if logs and all(p.exists() for p in logs.values()):
+        result["played"] = play(config, args.sets, list(logs.values()))
+        result["played"]["hit_rate_matches_combined"] = abs(
+            result["played"]["gpu_hit_rate"] - result["combined"]["gpu_hit_rate"]) < 1e-9
     if args.check_full:
         result["full_run"] = _replay((config, FULL + args.sets))
     _save(args.out, result)
@@ -154,6 +177,8 @@ def main() -> int:
     p.add_argument("--groups", type=int, nargs="*", default=None, help="these groups only (default: all)")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--check-full", action="store_true", help="also the full replay whole (small configs)")
+    p.add_argument("--ratios", type=Path, default=None, metavar="DIR",
+                   help="record each group's ratios here and play them back together: the full run's tok/s")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     try:
@@ -161,7 +186,10 @@ def main() -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: result[k] for k in ("combined", "full_run") if k in result}))
+    shown = {k: result[k] for k in ("combined", "full_run") if k in result}
+    if "played" in result:
+        shown["played"] = {k: result["played"][k] for k in KEEP + ("hit_rate_matches_combined", "wall_s")}
+    print(json.dumps(shown))
     return 0
 
 

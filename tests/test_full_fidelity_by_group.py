@@ -22,7 +22,8 @@ def test_the_groups_alone_give_the_full_runs_hit_rate_and_a_rerun_resumes(byg, t
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(CFG))
     out = tmp_path / "r.json"
-    args = argparse.Namespace(config=cfg, sets=[], groups=None, processes=2, check_full=True, out=out)
+    args = argparse.Namespace(config=cfg, sets=[], groups=None, processes=2, check_full=True, out=out,
+                              ratios=tmp_path / "ratios")
     got = byg.run(args)
     layers = got["layers"]
     assert len(layers) == 4 and len(set(layers)) > 1  # (unequal weights: the weighting is tested)
@@ -33,11 +34,20 @@ def test_the_groups_alone_give_the_full_runs_hit_rate_and_a_rerun_resumes(byg, t
     assert comb["gpu_hit_rate"] == pytest.approx(full["gpu_hit_rate"], rel=1e-12)
     assert comb["decode_tokens"] == full["decode_tokens"]
     assert comb["gpu_hit_rate"] != pytest.approx(sum(rates) / 4, rel=1e-9)  # not an unweighted mean
+    played = got["played"]  # every group's ratios played back: the full run's timing too, not only its hit rate
+    assert played["hit_rate_matches_combined"]
+    assert {k: played[k] for k in full if k not in ("peak_rss_bytes", "sim_wall_s", "wall_s")} == \
+        {k: full[k] for k in full if k not in ("peak_rss_bytes", "sim_wall_s", "wall_s")}
+    assert len(played["ratio_logs"]) == 4
     capsys.readouterr()
     args.check_full = False
     again = byg.run(args)  # every group kept in --out: none replayed
     assert "group " not in capsys.readouterr().out
     assert again["combined"] == comb
+    (tmp_path / "ratios" / "group_02.npz").unlink()
+    third = byg.run(args)  # a group whose ratio log is gone is replayed again (its log rewritten)
+    assert capsys.readouterr().out.count("group ") == 1 and third["played"]["decode_throughput_tok_s"] == \
+        full["decode_throughput_tok_s"]
 
 
 def test_only_group_is_checked_and_runs_one_group(tmp_path):
@@ -73,3 +83,35 @@ def test_the_fidelity_study_takes_a_by_group_hit_rate(bench_module, tmp_path):
                                 "combined": {**comb, "groups": 20}}))
     with pytest.raises(ValueError, match="not every group"):
         fe.hit_records([path])
+
+
+def test_a_played_back_full_run_joins_the_fidelity_table(bench_module, tmp_path):
+    """A by-group JSON with `played` (every group's ratios played back) gives the config a whole `full` record: the
+    table's tok/s error, costed at all its replays' wall time."""
+    import json
+
+    fe = bench_module("fidelity_error")
+    comb = {"gpu_hit_rate": 0.4, "groups": 21, "of_groups": 21, "same_batches": True, "decode_steps": 10,
+            "decode_tokens": 50.0}
+    fm = {"gpu_hit_rate": 0.4, "decode_throughput_tok_s": 90.0, "tpot_ms_p50": 10.0, "tpot_source": "steady",
+          "steady_window_steps": 3, "steady_mean_concurrency": 4.0, "request_sample_stride": 1,
+          "policy_groups_simulated": 21, "hardware": "h200", "attention": "tp", "draft_tokens": 4,
+          "system": "ulacache", "num_requests": 8, "decode_steps": 10, "peak_rss_bytes": 5.0}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"config": "configs/paper-h200-tp-specon.yaml", "sets": [], "combined": comb,
+                                "groups": {"0": {"wall_s": 10.0, "peak_rss_bytes": 7.0},
+                                           "1": {"wall_s": 20.0, "peak_rss_bytes": 6.0}},
+                                "played": {**fm, "wall_s": 3.0, "hit_rate_matches_combined": True}}))
+    recs = fe.hit_records([path])
+    full = recs["paper-h200-tp-specon/full"]
+    assert full["played"] and full["metrics"]["sim_wall_s"] == 33.0 and full["metrics"]["peak_rss_bytes"] == 7.0
+    dm = {**fm, "gpu_hit_rate": 0.5, "decode_throughput_tok_s": 99.0, "request_sample_stride": 16,
+          "policy_groups_simulated": 2, "sim_wall_s": 1.0}
+    recs["paper-h200-tp-specon/default"] = {"status": "ok", "metrics": dm}
+    (row,) = fe.table_rows(recs)
+    assert row["tok_s_error_pct"] == pytest.approx(10.0) and row["hit_rate_error_points"] == pytest.approx(10.0)
+    assert fe.hit_rows(recs) == []  # the whole record wins over the hit-rate-only one
+    data = json.loads(path.read_text())
+    data["played"]["hit_rate_matches_combined"] = False
+    path.write_text(json.dumps(data))
+    assert "paper-h200-tp-specon/full" not in fe.hit_records([path])
