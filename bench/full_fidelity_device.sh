@@ -5,12 +5,19 @@
 # at $MAX_WALL_S with its progress ticks kept), each run's decode steps of its default-fidelity replay for the
 # estimate. Writes $OUT/fidelity.log, $OUT/device_selections.json, $OUT/full_fidelity_<name>.json.
 # simpy and hypothesis are carried as wheels in .whl/ (the image lacks them; hw/device_env.sh says how to fetch them).
+# $BYGROUP names configs to run group by group with their ratios recorded and played back
+# (bench/full_fidelity_by_group.py --ratios, $BYG_PROCESSES processes of one library thread each, stopped at $BYG_S):
+# $OUT/full_fidelity_by_group_<name>.json and the ratio logs as one $OUT/ratios_<name>.tar (a call returns 8 files at
+# most); a later call resumes from both where $SEED holds them (its .json and .tar, carried).
 # Usage on the device machine (repo root): RUNS="h200-tp-specon:2146" bash bench/full_fidelity_device.sh
-# (RUNS="": the tests and the selection bench alone; TESTS=0: the runs alone)
+# (RUNS="": the tests and the selection bench alone; TESTS=0: the runs alone; TESTS=h200: the tests on an H200 only)
 set -uo pipefail
 source hw/device_env.sh
 LOG=$OUT/fidelity.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
+if [ "${TESTS:-1}" = h200 ]; then   # the tests where they add something: on an H200
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && TESTS=1 || TESTS=0
+fi
 if [ "${TESTS:-1}" = 1 ]; then   # TESTS=0: the runs alone
   echo "=== tests $(date -u +%H:%M:%S)" | tee -a "$LOG"
   timeout ${TEST_S:-200} python3 -m pytest -q -m gpu tests/test_policy_backend_replay.py tests/test_device_selections.py \
@@ -26,5 +33,15 @@ for run in ${RUNS-h200-tp-specon:2146}; do   # name:decode steps of the default-
     --policy-backend "${BACKEND:-cupy}" --steps ${STEPS:-0} --full-run-steps "$steps" --max-wall-s ${MAX_WALL_S:-400} \
     $( [ -f "$ref" ] && echo --reference "$ref" ) \
     --max-memory-gb 120 --out "$OUT/full_fidelity_$name.json" 2>&1 | tee -a "$LOG" | tail -4
+done
+for name in ${BYGROUP-}; do
+  echo "=== by group $name $(date -u +%H:%M:%S)" | tee -a "$LOG"
+  json=$OUT/full_fidelity_by_group_$name.json ratios=/tmp/ratios_$name
+  mkdir -p "$ratios"
+  [ -f "${SEED:-.}/full_fidelity_by_group_$name.json" ] && cp "$SEED/full_fidelity_by_group_$name.json" "$json"
+  [ -f "${SEED:-.}/ratios_$name.tar" ] && tar -xf "$SEED/ratios_$name.tar" -C "$ratios"
+  ULACACHE_THREADS=1 timeout ${BYG_S:-500} python3 bench/full_fidelity_by_group.py "configs/paper-$name.yaml" \
+    --processes ${BYG_PROCESSES:-16} --ratios "$ratios" --out "$json" 2>&1 | tee -a "$LOG" | tail -25
+  tar -cf "$OUT/ratios_$name.tar" -C "$ratios" .
 done
 echo "=== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
