@@ -425,8 +425,9 @@ def main(argv=None) -> int:
                     help="take the full replays from bench/full_fidelity.py whole runs (e.g. a device machine's) "
                          "instead of running them")
     ap.add_argument("--hits-from", nargs="*", type=Path, default=[], metavar="JSON",
-                    help="with --add: a config's full-fidelity hit rate from bench/full_fidelity_by_group.py (where "
-                         "no whole full replay exists: the table's row then has the hit rate's error only)")
+                    help="a config's full-fidelity hit rate from bench/full_fidelity_by_group.py (where no whole "
+                         "full replay exists: the table's row has the hit rate's error only, or every figure where "
+                         "the JSON holds a playback of the groups' ratios, --ratios)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
