@@ -40,8 +40,15 @@ for name in ${BYGROUP-}; do
   mkdir -p "$ratios"
   [ -f "${SEED:-.}/full_fidelity_by_group_$name.json" ] && cp "$SEED/full_fidelity_by_group_$name.json" "$json"
   [ -f "${SEED:-.}/ratios_$name.tar" ] && tar -xf "$SEED/ratios_$name.tar" -C "$ratios"
+  used_kb() { awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo; }
+  echo "host memory in use before: $(used_kb) kB" | tee -a "$LOG"
+  ( peak=0; while sleep 1; do u=$(used_kb); [ "$u" -gt "$peak" ] && peak=$u && echo "$peak" > /tmp/peak_kb; done ) &
+  sampler=$!
   ULACACHE_THREADS=1 timeout ${BYG_S:-500} python3 bench/full_fidelity_by_group.py "configs/paper-$name.yaml" \
     --processes ${BYG_PROCESSES:-16} --ratios "$ratios" --out "$json" 2>&1 | tee -a "$LOG" | tail -25
+  kill $sampler
+  echo "=== end $(date -u +%H:%M:%S); host memory in use at its peak (sampled each second): $(cat /tmp/peak_kb) kB" \
+    | tee -a "$LOG"
   tar -cf "$OUT/ratios_$name.tar" -C "$ratios" .
 done
 echo "=== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
