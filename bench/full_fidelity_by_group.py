@@ -12,9 +12,11 @@ with hits_g = gpu_hit_rate_g * unique_ref_fraction_g * refs (refs, every run's r
 Each group's replay needs one cache's memory (~1.4 GB for a paper TP group), not all 21 at once, and the groups run
 in parallel processes. The hit rate combines in closed form; the timing does not (a step's time depends on all
 groups' hits at once). With `--ratios DIR` each group's replay also records its ratios step by step
-(sim/ratio_replay.py, DIR/group_NN.npz), and once every group has one the full-fidelity replay is run with all of
-them played back (`played`: every metric of the full run, tok/s included, exactly; its hit rate is checked against
-the combination's).
+(sim/ratio_replay.py, DIR/group_NN.npz), and the full-fidelity replay is run with all of them played back
+(`played`: every metric of the full run, tok/s included, exactly; its hit rate is checked against the
+combination's). The playback runs in one more process beside the groups' replays, reading what they stream
+(sim/ratio_stream.py, DIR/group_NN.stream while they run), so it ends just after the slowest group; a rerun with
+every log there plays them back from the files.
 
 `--check-full` also runs the full-fidelity replay whole (a small config only) and states both: the decomposition's
 check. Finished groups are kept in --out as they end; a rerun with the same --out skips them (a killed run resumes).
@@ -44,34 +46,46 @@ KEEP = ("decode_steps", "decode_tokens", "completed_requests", "gpu_hit_rate", "
         "decode_throughput_tok_s", "peak_rss_bytes", "sim_wall_s")
 
 
-def _replay(job: tuple) -> dict:
-    """One replay in this (forked) process: the metrics kept; a third item of `job` is where its ratio log goes."""
+def _replay(job: dict) -> dict:
+    """One group's (or the whole) replay in this (forked) process: the metrics kept. With `log`, its ratios are
+    recorded there at its end, and with `stream` also streamed as they are made (for a playback running meanwhile)."""
     import sim
     from sim.ratio_replay import RatioLog
 
-    config, sets, *log_path = job
-    log = RatioLog() if log_path and log_path[0] else None
+    log = RatioLog(stream=job.get("stream")) if job.get("log") else None
     t0 = time.perf_counter()
-    m = sim.replay(config, None, overrides=sets, policy_workers=1, policy_backend="numpy", ratio_log=log)
+    m = sim.replay(job["config"], None, overrides=job["sets"], policy_workers=1, policy_backend="numpy",
+                   ratio_log=log)
     if log is not None:
-        log.save(log_path[0])
+        log.save(job["log"])
     return {**{k: m[k] for k in KEEP}, "wall_s": time.perf_counter() - t0}
 
 
-def play(config: str, sets: list[str], logs: list[Path]) -> dict:
-    """The full-fidelity replay with every group's recorded ratios played back: all its metrics, and its wall time."""
+def play(config: str, sets: list[str], sources: list[tuple[str, Path]]) -> dict:
+    """The full-fidelity replay with every group's recorded ratios played back: all its metrics, and its wall time.
+    `sources`: ("log", a finished log's .npz) or ("stream", a stream its replay is writing now: read as it grows)."""
     import sim
     from sim.ratio_replay import RatioLog, RatioPlayer
+    from sim.ratio_stream import RatioStream
 
     t0 = time.perf_counter()
-    player = RatioPlayer([RatioLog.load(p) for p in logs])
+    player = RatioPlayer([RatioLog.load(p) if kind == "log" else RatioStream(p) for kind, p in sources])
     m = sim.replay(config, None, overrides=FULL + sets, ratio_player=player)
-    return {**m, "wall_s": time.perf_counter() - t0, "ratio_logs": [str(p) for p in logs]}
+    return {**m, "wall_s": time.perf_counter() - t0, "ratio_logs": [str(p) for _, p in sources],
+            "streamed": any(kind == "stream" for kind, _ in sources)}
 
 
-def _child(job: tuple[str, list[str]], conn) -> None:
+def _play_job(job: dict) -> dict:
+    """A playback in a forked process; a playback that fails is reported, not raised (the groups go on)."""
     try:
-        conn.send(_replay(job))
+        return play(job["config"], job["sets"], job["sources"])
+    except ValueError as e:
+        return {"play_error": str(e)}
+
+
+def _child(job: dict, conn) -> None:
+    try:
+        conn.send((_play_job if job.get("play") else _replay)(job))
     except BaseException as e:  # (the parent states it)
         conn.send({"error": f"{type(e).__name__}: {e}"})
 
@@ -136,6 +150,38 @@ def _layers(config: str, sets: list[str]) -> list[int]:
     return [int(x) for x in build(load_config(Path(config), sets)).model.group_sizes()]
 
 
+def _ratio_path(args, g: int, ext: str) -> Path:
+    return args.ratios / f"group_{g:02d}.{ext}"
+
+
+def _jobs(args, config: str, layers: list[int], groups: list[int], rows: dict) -> list[dict]:
+    """The replays of the groups to run (not in --out, or without their ratio log); with --ratios and every
+    group either logged or to be replayed now, a playback first that reads the new ones' streams as they grow."""
+    logged = {g: _ratio_path(args, g, "npz").exists() for g in range(len(layers))} if args.ratios else {}
+    todo = [g for g in groups if g not in rows or (args.ratios and not logged[g])]
+    jobs = [{"group": g, "config": config, "sets": FULL + args.sets + [f"fidelity.only_group={g}"],
+             "log": _ratio_path(args, g, "npz") if args.ratios else None,
+             "stream": _ratio_path(args, g, "stream") if args.ratios else None} for g in todo]
+    for job in jobs:  # a stream left by a killed run is not read as this one's
+        if job["stream"] is not None:
+            job["stream"].unlink(missing_ok=True)
+    if args.ratios and todo and all(logged[g] or g in todo for g in logged):
+        sources = [("stream", _ratio_path(args, g, "stream")) if g in todo else ("log", _ratio_path(args, g, "npz"))
+                   for g in range(len(layers))]
+        jobs.insert(0, {"play": True, "config": config, "sets": args.sets, "sources": sources})
+    return jobs
+
+
+def _played(result: dict, row: dict) -> None:
+    if "play_error" in row:
+        result.pop("played", None)
+        result["play_error"] = row["play_error"]
+        print(f"playback: {row['play_error']}", flush=True)
+    else:
+        result.pop("play_error", None)
+        result["played"] = row
+
+
 def run(args) -> dict:
     config = str(args.config)
     layers = _layers(config, FULL + args.sets)
@@ -149,23 +195,29 @@ def run(args) -> dict:
         "machine": {"host": platform.node(), "python": platform.python_version(), "processes": args.processes},
         "layers": layers})
     rows = {int(g): r for g, r in result.get("groups", {}).items()}
-    logs = {g: args.ratios / f"group_{g:02d}.npz" for g in range(len(layers))} if args.ratios else {}
-    todo = [g for g in groups if g not in rows or (logs and not logs[g].exists())]
-    jobs = [(config, FULL + args.sets + [f"fidelity.only_group={g}"], logs.get(g)) for g in todo]
-    for i, row in in_processes(jobs, args.processes):
-        g = todo[i]
+    jobs = _jobs(args, config, layers, groups, rows)
+    for i, row in in_processes(jobs, args.processes + (1 if jobs and jobs[0].get("play") else 0)):
+        if jobs[i].get("play"):  # (it waits for the slowest group: the last to end)
+            _played(result, row)
+            continue
+        g = jobs[i]["group"]
         rows[g] = row
         result["groups"] = {str(k): rows[k] for k in sorted(rows)}
         result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         _save(args.out, result)
         print(f"group {g}: hit rate {row['gpu_hit_rate']:.4f} in {row['wall_s']:.1f} s", flush=True)
     result["combined"] = combine(rows, layers)
-    if logs and all(p.exists() for p in logs.values()):
-        result["played"] = play(config, args.sets, list(logs.values()))
+    logs = [_ratio_path(args, g, "npz") for g in range(len(layers))] if args.ratios else []
+    if logs and all(p.exists() for p in logs) and not (jobs and jobs[0].get("play")):
+        _played(result, play(config, args.sets, [("log", p) for p in logs]))  # (from finished logs: a rerun)
+    if "played" in result:
         result["played"]["hit_rate_matches_combined"] = abs(
             result["played"]["gpu_hit_rate"] - result["combined"]["gpu_hit_rate"]) < 1e-9
+    for p in logs:  # a finished group's stream is its log's copy
+        if p.exists():
+            p.with_suffix(".stream").unlink(missing_ok=True)
     if args.check_full:
-        result["full_run"] = _replay((config, FULL + args.sets))
+        result["full_run"] = _replay({"config": config, "sets": FULL + args.sets})
     _save(args.out, result)
     return result
 

@@ -49,6 +49,7 @@ for name in ${BYGROUP-}; do
   kill $sampler
   echo "=== end $(date -u +%H:%M:%S); host memory in use at its peak (sampled each second): $(cat /tmp/peak_kb) kB" \
     | tee -a "$LOG"
-  tar -cf "$OUT/ratios_$name.tar" -C "$ratios" .
+  outabs=$(cd "$OUT" && pwd)
+  (cd "$ratios" && tar -cf "$outabs/ratios_$name.tar" -- *.npz)   # (finished logs only: no partial streams)
 done
 echo "=== done $(date -u +%H:%M:%S)" | tee -a "$LOG"

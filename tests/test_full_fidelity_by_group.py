@@ -38,12 +38,13 @@ def test_the_groups_alone_give_the_full_runs_hit_rate_and_a_rerun_resumes(byg, t
     assert played["hit_rate_matches_combined"]
     assert {k: played[k] for k in full if k not in ("peak_rss_bytes", "sim_wall_s", "wall_s")} == \
         {k: full[k] for k in full if k not in ("peak_rss_bytes", "sim_wall_s", "wall_s")}
-    assert len(played["ratio_logs"]) == 4
+    assert len(played["ratio_logs"]) == 4 and played["streamed"]  # played while the groups ran, from their streams
+    assert sorted(x.name for x in (tmp_path / "ratios").iterdir()) == [f"group_0{g}.npz" for g in range(4)]
     capsys.readouterr()
     args.check_full = False
     again = byg.run(args)  # every group kept in --out: none replayed
     assert "group " not in capsys.readouterr().out
-    assert again["combined"] == comb
+    assert again["combined"] == comb and not again["played"]["streamed"]  # played from the finished logs
     (tmp_path / "ratios" / "group_02.npz").unlink()
     third = byg.run(args)  # a group whose ratio log is gone is replayed again (its log rewritten)
     assert capsys.readouterr().out.count("group ") == 1 and third["played"]["decode_throughput_tok_s"] == \

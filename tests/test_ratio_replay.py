@@ -58,3 +58,39 @@ def test_logs_that_do_not_fit_are_refused_in_one_line(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"no")
     with pytest.raises(ValueError, match="not a ratio log"):
         RatioLog.load(tmp_path / "bad.npz")
+
+
+def test_streams_played_while_their_replays_run_give_the_full_run(tmp_path):
+    """Each group's replay streams its log (sim/ratio_stream.py) while the playback reads it in another thread of
+    time: the playback waits where a group is behind and ends with the full run's figures."""
+    import threading
+
+    from sim.ratio_stream import RatioStream
+
+    full = sim.replay(CFG, overrides=FULL)
+    paths = [tmp_path / f"g{g}.stream" for g in range(4)]
+    got = {}
+
+    def play():
+        streams = [RatioStream(p, stall_s=120) for p in paths]
+        got["m"] = sim.replay(CFG, overrides=FULL, ratio_player=RatioPlayer(streams))
+
+    t = threading.Thread(target=play)
+    t.start()  # before any stream exists: it waits for them
+    for g, p in enumerate(paths):
+        log = RatioLog(stream=p)
+        sim.replay(CFG, overrides=FULL + [f"fidelity.only_group={g}"], ratio_log=log)
+        assert RatioStream(p).end_vals().tolist() == log.end.tolist()
+    t.join(timeout=120)
+    m = got["m"]
+    assert {k: m[k] for k in full if k not in RUN_ONLY} == {k: full[k] for k in full if k not in RUN_ONLY}
+
+
+def test_a_stream_that_stalls_or_is_not_one_fails_in_one_line(tmp_path):
+    from sim.ratio_stream import RatioStream
+
+    with pytest.raises(ValueError, match="no record for 0 s"):
+        RatioStream(tmp_path / "missing.stream", stall_s=0.01)
+    (tmp_path / "bad.stream").write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match="not a ratio stream"):
+        RatioStream(tmp_path / "bad.stream")
