@@ -559,7 +559,7 @@ def _hit_rows_md(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = ["", "Hit rate only (the full run's hit rate from every group's replay alone, "
-             "bench/full_fidelity_by_group.py; its throughput does not combine):", "",
+             "bench/full_fidelity_by_group.py, without --ratios: no throughput):", "",
              "| config | hit rate default → full | Δ hit (pts) | source |", "|---|---|---|---|"]
     return lines + [f"| {r['config']} | {r['hit_rate_default']:.3f} → {r['hit_rate_full']:.3f} | "
                     f"{r['hit_rate_error_points']:+.1f} | `{r['source_full']}` |" for r in rows]
