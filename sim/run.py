@@ -21,7 +21,7 @@ from sim.events import TraceRecorder
 from sim.group_workers import resolve_processes
 from sim.hardware import events_scheduled
 from sim.policy_backend import resolve as resolve_backend
-from sim.sampling_error import sampling_error
+from sim.sampling_error import is_sampled, sampling_error
 from sim.systems import RunBound, budget_for, system_for_workload
 from ulacache import threads
 
@@ -333,6 +333,8 @@ def _runs_policy(cfg: SimConfig, system, ratio_player) -> bool:
         return system.uses_policy
     if not system.uses_policy:
         raise ValueError(f"ratio replay: system {cfg.system} runs no policy")
+    if is_sampled(cfg):
+        raise ValueError("ratio replay: recorded ratios play back a full-fidelity run (set fidelity=full)")
     ratio_player.check(cfg.model.num_index_groups)
     return False
 

@@ -53,6 +53,8 @@ def test_logs_that_do_not_fit_are_refused_in_one_line(tmp_path):
         sim.replay(other, overrides=FULL, ratio_player=RatioPlayer(logs))
     with pytest.raises(ValueError, match="different decode batches"):
         RatioPlayer(logs[:3] + _logs(other, [], tmp_path / "o", groups=[3]))
+    with pytest.raises(ValueError, match="set fidelity=full"):
+        sim.replay(CFG, overrides=["fidelity.policy_groups=2"], ratio_player=RatioPlayer(logs))
     with pytest.raises(ValueError, match="runs no policy"):
         sim.replay({**CFG, "system": "sglang"}, overrides=FULL, ratio_player=RatioPlayer(logs))
     (tmp_path / "bad.npz").write_bytes(b"no")
