@@ -523,10 +523,12 @@ def hit_records(paths: list[Path]) -> dict:
 
 def _played_record(data: dict, played: dict, path: Path) -> dict:
     """A `<config>/full` record from a by-group JSON's playback (sim/ratio_replay.py): the full run's metrics; its
-    wall time and memory are those of all the replays it took (the groups' summed, the largest peak)."""
+    wall time and memory are those of all the replays it took (the groups' summed, the largest peak). A playback
+    that streamed beside the groups counts its CPU seconds (its wall time is mostly waiting for them)."""
     groups = data["groups"].values()
     metrics = {k: played.get(k) for k in KEEP}
-    metrics["sim_wall_s"] = sum(g["wall_s"] for g in groups) + played["wall_s"]
+    play_s = played.get("cpu_s", 0.0 if played.get("streamed") else played["wall_s"])
+    metrics["sim_wall_s"] = sum(g["wall_s"] for g in groups) + play_s
     metrics["peak_rss_bytes"] = max([g["peak_rss_bytes"] for g in groups] + [played["peak_rss_bytes"]])
     return {"status": "ok", "wall_s": metrics["sim_wall_s"], "played": True,
             "overrides": FULL + ["fidelity.only_group=<each>, ratios played back"], "metrics": metrics,

@@ -68,10 +68,10 @@ def play(config: str, sets: list[str], sources: list[tuple[str, Path]]) -> dict:
     from sim.ratio_replay import RatioLog, RatioPlayer
     from sim.ratio_stream import RatioStream
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     player = RatioPlayer([RatioLog.load(p) if kind == "log" else RatioStream(p) for kind, p in sources])
     m = sim.replay(config, None, overrides=FULL + sets, ratio_player=player)
-    return {**m, "wall_s": time.perf_counter() - t0, "ratio_logs": [str(p) for _, p in sources],
+    return {**m, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "ratio_logs": [str(p) for _, p in sources],
             "streamed": any(kind == "stream" for kind, _ in sources)}
 
 

@@ -106,6 +106,13 @@ def test_a_played_back_full_run_joins_the_fidelity_table(bench_module, tmp_path)
     recs = fe.hit_records([path])
     full = recs["paper-h200-tp-specon/full"]
     assert full["played"] and full["metrics"]["sim_wall_s"] == 33.0 and full["metrics"]["peak_rss_bytes"] == 7.0
+    data = json.loads(path.read_text())
+    data["played"].update(streamed=True, wall_s=500.0)  # beside the groups: its wall time is waiting for them
+    path.write_text(json.dumps(data))
+    assert fe.hit_records([path])["paper-h200-tp-specon/full"]["metrics"]["sim_wall_s"] == 30.0
+    data["played"]["cpu_s"] = 2.0
+    path.write_text(json.dumps(data))
+    assert fe.hit_records([path])["paper-h200-tp-specon/full"]["metrics"]["sim_wall_s"] == 32.0
     dm = {**fm, "gpu_hit_rate": 0.5, "decode_throughput_tok_s": 99.0, "request_sample_stride": 16,
           "policy_groups_simulated": 2, "sim_wall_s": 1.0}
     recs["paper-h200-tp-specon/default"] = {"status": "ok", "metrics": dm}
