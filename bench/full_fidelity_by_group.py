@@ -190,7 +190,8 @@ def run(args) -> dict:
     if result.get("config") != config or result.get("sets") != args.sets:
         result = {}
     result.update({
-        "what": "full-fidelity hit rate from one indexer group at a time (fidelity.only_group), weighted by layers",
+        "what": "full-fidelity figures from one indexer group at a time (fidelity.only_group): the hit rate weighted "
+                "by layers (combined); with --ratios every metric, the groups' ratios played back (played)",
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "config": config, "sets": args.sets,
         "machine": {"host": platform.node(), "python": platform.python_version(), "processes": args.processes},
         "layers": layers})
