@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCALARS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "passes")
+from sim.ratio_stream import SCALARS, StreamWriter
 
 
 def batch_sig(rids, hist) -> int:
@@ -67,14 +67,13 @@ class RatioLog:
         self.admits: list[tuple[float, float, float]] = []
         self.end = np.zeros(3)
         self._stream_path, self._writer = stream, None
+        self._admit_map: dict[int, tuple[float, float]] | None = None  # (built from `admits` on the first read)
 
     def recording(self, runner) -> _Recording:
         """`runner` wrapped: every call passes through; its policy steps and admissions are written here."""
         self.groups = [int(g) for g in runner.groups]
         self.num_ranks = int(runner.num_ranks)
         if self._stream_path is not None:
-            from sim.ratio_stream import StreamWriter
-
             self._writer = StreamWriter(self._stream_path, self.groups, self.num_ranks)
         return _Recording(runner, self)
 
@@ -103,7 +102,7 @@ class RatioLog:
         return (self.steps[i], self.sigs[i], self.vals[i]) if i < len(self.steps) else None
 
     def admit_rows(self, rid: int) -> tuple[float, float]:
-        if not hasattr(self, "_admit_map"):
+        if self._admit_map is None:
             self._admit_map = {int(r): (a, b) for r, a, b in self.admits}
         return self._admit_map.get(int(rid), (0.0, 0.0))
 

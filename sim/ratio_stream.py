@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+# what one group's ratios hold besides its link rows (sim/ratio_replay.py packs them in this order)
+SCALARS = ("unique", "hits", "misses", "exchanges", "local_hits", "peer_fetches", "passes")
 MAGIC = 7.25e9 + 0.5  # (no count or step number comes out as this)
 _ADMIT, _STEP, _END = 0.0, 1.0, 2.0
-NUM_SCALARS = 7  # sim.ratio_replay.SCALARS
 
 
 class StreamWriter:
@@ -29,7 +30,7 @@ class StreamWriter:
     def __init__(self, path: Path, groups: list[int], num_ranks: int):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.width = 4 + len(groups) * (NUM_SCALARS + 3 * num_ranks)
+        self.width = 4 + len(groups) * (len(SCALARS) + 3 * num_ranks)
         self._f = open(self.path, "wb")
         self._write([MAGIC, self.width, num_ranks, len(groups), *groups])
 
@@ -72,7 +73,7 @@ class RatioStream:
             raise ValueError(f"{self.path}: not a ratio stream")
         self.width, self.num_ranks, n = int(head[1]), int(head[2]), int(head[3])
         self.groups = [int(g) for g in self._take(n)]
-        self._rows_shape = (n, NUM_SCALARS + 3 * self.num_ranks)
+        self._rows_shape = (n, len(SCALARS) + 3 * self.num_ranks)
 
     def _take(self, n: int) -> np.ndarray:
         """The next n float64 values of the file, waiting for them."""
