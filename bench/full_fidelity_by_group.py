@@ -42,6 +42,9 @@ sys.path.insert(0, str(ROOT))
 from traces.atomic import atomic_write_text  # noqa: E402
 
 FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0", "fidelity.step_stride=1"]
+# A group's process holds one group's caches, not all 21: its TP maps stay dense (paper-h200-tp-specoff group 0:
+# 323 s, 2.5 GB peak RSS, against ~543 s for its first 600 of 6,000 steps on the library's rule, hashed).
+DENSE_MAP_GB = 8.0
 KEEP = ("decode_steps", "decode_tokens", "completed_requests", "gpu_hit_rate", "unique_ref_fraction",
         "decode_throughput_tok_s", "peak_rss_bytes", "sim_wall_s")
 
@@ -55,7 +58,7 @@ def _replay(job: dict) -> dict:
     log = RatioLog(stream=job.get("stream")) if job.get("log") else None
     t0 = time.perf_counter()
     m = sim.replay(job["config"], None, overrides=job["sets"], policy_workers=1, policy_backend="numpy",
-                   ratio_log=log)
+                   ratio_log=log, dense_map_gb=job.get("dense_map_gb"))
     if log is not None:
         log.save(job["log"])
     return {**{k: m[k] for k in KEEP}, "wall_s": time.perf_counter() - t0}
@@ -160,6 +163,7 @@ def _jobs(args, config: str, layers: list[int], groups: list[int], rows: dict) -
     logged = {g: _ratio_path(args, g, "npz").exists() for g in range(len(layers))} if args.ratios else {}
     todo = [g for g in groups if g not in rows or (args.ratios and not logged[g])]
     jobs = [{"group": g, "config": config, "sets": FULL + args.sets + [f"fidelity.only_group={g}"],
+             "dense_map_gb": args.dense_map_gb,
              "log": _ratio_path(args, g, "npz") if args.ratios else None,
              "stream": _ratio_path(args, g, "stream") if args.ratios else None} for g in todo]
     for job in jobs:  # a stream left by a killed run is not read as this one's
@@ -193,7 +197,8 @@ def run(args) -> dict:
         "what": "full-fidelity figures from one indexer group at a time (fidelity.only_group): the hit rate weighted "
                 "by layers (combined); with --ratios every metric, the groups' ratios played back (played)",
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "config": config, "sets": args.sets,
-        "machine": {"host": platform.node(), "python": platform.python_version(), "processes": args.processes},
+        "machine": {"host": platform.node(), "python": platform.python_version(), "processes": args.processes,
+                    "dense_map_gb": args.dense_map_gb},
         "layers": layers})
     rows = {int(g): r for g, r in result.get("groups", {}).items()}
     jobs = _jobs(args, config, layers, groups, rows)
@@ -232,6 +237,9 @@ def main() -> int:
     p.add_argument("--check-full", action="store_true", help="also the full replay whole (small configs)")
     p.add_argument("--ratios", type=Path, default=None, metavar="DIR",
                    help="record each group's ratios here and play them back together: the full run's tok/s")
+    p.add_argument("--dense-map-gb", type=float, default=DENSE_MAP_GB, metavar="GB",
+                   help="each group's TP address maps dense up to this size a cache (`ulacache replay --dense-map-gb`; "
+                   f"default {DENSE_MAP_GB:g}: one group a process affords it)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     try:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 def replay(config, out_dir=None, progress=False, trace_events=None, calibration=None, overrides=None,
            max_memory_gb=None, policy_workers=1, policy_backend=None, on_step=None,
-           ratio_log=None, ratio_player=None):
+           ratio_log=None, ratio_player=None, dense_map_gb=None):
     from sim.run import replay as _replay
 
     return _replay(config, out_dir, progress=progress, trace_events=trace_events, calibration=calibration,
                    overrides=overrides, max_memory_gb=max_memory_gb, policy_workers=policy_workers,
                    policy_backend=policy_backend, on_step=on_step,
-                   ratio_log=ratio_log, ratio_player=ratio_player)
+                   ratio_log=ratio_log, ratio_player=ratio_player, dense_map_gb=dense_map_gb)
 
 
 def load_config(path, overrides=None) -> dict:

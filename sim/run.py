@@ -64,10 +64,12 @@ def check_requests(requests) -> None:
         raise ValueError("request_id values must be unique")
 
 
-def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy", bound: RunBound | None = None):
+def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy", bound: RunBound | None = None,
+                  dense_map_bytes: int = 0):
     """make_cache(group, k) -> a library cache for 1/k of the requests, sized by the system (`System.cache_config`)
     and by what this run can hold at once (`RunBound`; `bound`: one already computed for these requests), never by
-    the budgets alone; on array backend `backend` (sim/policy_backend.py: the same plans on any)."""
+    the budgets alone; on array backend `backend` (sim/policy_backend.py: the same plans on any), with TP address
+    maps dense up to `dense_map_bytes` a cache (CacheConfig.dense_map_bytes; 0: the library's rule)."""
     import dataclasses
 
     from ulacache import UlaCache
@@ -78,13 +80,16 @@ def cache_factory(cfg: SimConfig, system, requests, backend: str = "numpy", boun
                             cfg.query_tokens, min(len(requests), cfg.workload.max_concurrency),
                             cap.logical_tokens_per_space, cap.num_spaces)
 
+    def config_of(k: int):
+        return dataclasses.replace(system.cache_config(k, bound), dense_map_bytes=dense_map_bytes)
+
     def make(group: int, k: int):
-        config = system.cache_config(k, bound)
+        config = config_of(k)
         return UlaCache(config if backend == "numpy" else dataclasses.replace(config, backend=backend))
 
     make.bound = bound  # what the runner needs to keep its pilot's state bounded
     make.device = backend != "numpy"  # caches built after the group workers fork (sim/policy.PolicyRunner)
-    make.config = lambda k: system.cache_config(k, bound)  # the cache's configuration, without building it
+    make.config = config_of  # the cache's configuration, without building it
     # what the runner sizes its pilot by (footprint.entries_held): asked of the factory, so that sim.policy needs
     # nothing of sim.footprint (which reads the runner's phases: no import cycle)
     make.entries_held = lambda k: footprint.entries_held(make.config(k), bound, k)
@@ -269,11 +274,11 @@ def _source_on(source, backend: str):
 
 
 def replay(config: dict | str | Path, out_dir: Path | None = None,
-           progress: bool | Callable[[int, int], None] = False,
-           trace_events: Path | None = None, calibration: Path | None = None,
-           overrides: list[str] | None = None, max_memory_gb: float | None = None,
+           progress: bool | Callable[[int, int], None] = False, trace_events: Path | None = None,
+           calibration: Path | None = None, overrides: list[str] | None = None, max_memory_gb: float | None = None,
            policy_workers: int | None = 1, policy_backend: str | None = None,
-           on_step: Callable[[dict], None] | None = None, ratio_log=None, ratio_player=None) -> dict:
+           on_step: Callable[[dict], None] | None = None, ratio_log=None, ratio_player=None,
+           dense_map_gb: float | None = None) -> dict:
     """Run one replay; returns the metrics dict and writes metrics.json, config.yaml, timeline.parquet to out_dir.
     `progress`: True for a progress bar, or a callable(requests done, requests) called after each decode step;
     `on_step`: a callable given each decode step's timeline record as it ends (a long run's figures so far: its
@@ -287,7 +292,8 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     ratios, or play recorded ones back instead of running it (sim/ratio_replay.py). `policy_backend`: the array backend of the
     policy caches (sim/policy_backend.py; None: $ULACACHE_POLICY_BACKEND, else numpy): the same metrics on any;
     a device backend splits the groups over processes only without a pilot (full fidelity: the split is made
-    before any cache exists, as a CUDA context does not survive a fork), else runs them in one."""
+    before any cache exists, as a CUDA context does not survive a fork), else runs them in one. `dense_map_gb`:
+    TP address maps dense up to this size a cache (CacheConfig.dense_map_bytes): speed for memory, same metrics."""
     wall0 = time.perf_counter()
     tree = load_config(config if not isinstance(config, str) else Path(config), overrides)
     cfg = build(tree)
@@ -298,12 +304,14 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
     system = system_for_workload(cfg, budget, requests, source)
     recorder = TraceRecorder() if trace_events else None
     backend = resolve_backend(policy_backend)
-    make_cache = cache_factory(cfg, system, requests) if _runs_policy(cfg, system, ratio_player) else None
+    dense = dense_map_bytes(dense_map_gb)
+    make_cache = cache_factory(cfg, system, requests, dense_map_bytes=dense) \
+        if _runs_policy(cfg, system, ratio_player) else None
     processes = resolve_processes(policy_workers)  # (a device backend's workers fork before its caches exist)
     threads.threads()  # a bad $ULACACHE_THREADS fails here, not minutes into the run
     est = footprint.check(cfg, system, requests, make_cache, max_memory_gb, processes)
     if make_cache is not None and backend != "numpy":  # (the footprint probes the numpy caches it models)
-        make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound)
+        make_cache = cache_factory(cfg, system, requests, backend, bound=make_cache.bound, dense_map_bytes=dense)
         source = _source_on(source, backend)
     engine = Engine(cfg, costs, system, requests, source, recorder, make_cache, processes, ratio_log, ratio_player)
     try:
@@ -325,6 +333,15 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
                                                  "steps_recorded": min(engine.state.steps,
                                                                        cfg.output.trace_event_steps)})
     return _json_safe(metrics)
+
+
+def dense_map_bytes(dense_map_gb: float | None) -> int:
+    """--dense-map-gb in bytes (None: 0, the library's rule); a ValueError (one line) unless a finite number > 0."""
+    if dense_map_gb is None:
+        return 0
+    if isinstance(dense_map_gb, bool) or not isinstance(dense_map_gb, (int, float)) or not 0 < dense_map_gb <= 1000:
+        raise ValueError(f"--dense-map-gb must be a number > 0 and <= 1000, got {dense_map_gb!r}")
+    return int(dense_map_gb * 1e9)
 
 
 def _runs_policy(cfg: SimConfig, system, ratio_player) -> bool:

@@ -56,35 +56,61 @@ def test_hash_map_survives_many_insert_delete_cycles():
     assert m.bits <= 9  # stays sized by the capacity, not by the keys' range
 
 
+def _tp_steps(c: UlaCache) -> list:
+    """60 access + commit steps of a TP cache with requests replaced on the way: each step's plan counts."""
+    rng = np.random.default_rng(3)
+    a = c.alloc_many([1, 2, 3], [300, 300, 300])
+    c.write(a, rng.integers(0, 255, (a.size, 2), dtype=np.uint8))
+    out = []
+    for step in range(60):
+        sel = rng.choice(a, 40, replace=False)
+        plan = c.access(sel)
+        c.commit(plan)
+        out.append(plan.counts())
+        for r in range(4):
+            assert np.array_equal(c.read_local(plan.addrs, r), c.read(plan.addrs))
+        if step % 20 == 19:  # replace the oldest request: freed addresses are reused, copies must not be
+            live = sorted(c.space.requests)
+            c.free(live[0])
+            new = c.alloc(100 + step, 300)
+            c.write(new, rng.integers(0, 255, (new.size, 2), dtype=np.uint8))
+            a = np.concatenate([c.request_addresses(r) for r in sorted(c.space.requests)])
+            c.check_invariants()
+    c.check_invariants()
+    return out
+
+
+def _tp_cache(policy: str, **kw) -> UlaCache:
+    return UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=40, cpu_slots=200, policy=policy,
+                                local_buffer_slots=48, payload_bytes=2, **kw))
+
+
 @pytest.mark.parametrize("policy", ["pb-lru", "lru"])
 def test_tp_cache_on_hash_maps_matches_dense_maps(policy, monkeypatch):
     results = []
     for limit in (slot_map.DENSE_LIMIT_BYTES, 0):
         monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", limit)
-        c = UlaCache(CacheConfig(mode="tp", num_ranks=4, gpu_slots=40, cpu_slots=200, policy=policy,
-                                 local_buffer_slots=48, payload_bytes=2))
+        c = _tp_cache(policy)
         assert isinstance(c.buffers.maps, HashSlotMaps if limit == 0 else DenseSlotMaps)
-        rng = np.random.default_rng(3)
-        a = c.alloc_many([1, 2, 3], [300, 300, 300])
-        c.write(a, rng.integers(0, 255, (a.size, 2), dtype=np.uint8))
-        out = []
-        for step in range(60):
-            sel = rng.choice(a, 40, replace=False)
-            plan = c.access(sel)
-            c.commit(plan)
-            out.append(plan.counts())
-            for r in range(4):
-                assert np.array_equal(c.read_local(plan.addrs, r), c.read(plan.addrs))
-            if step % 20 == 19:  # replace the oldest request: freed addresses are reused, copies must not be
-                live = sorted(c.space.requests)
-                c.free(live[0])
-                new = c.alloc(100 + step, 300)
-                c.write(new, rng.integers(0, 255, (new.size, 2), dtype=np.uint8))
-                a = np.concatenate([c.request_addresses(r) for r in sorted(c.space.requests)])
-                c.check_invariants()
-        c.check_invariants()
-        results.append(out)
+        results.append(_tp_steps(c))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("policy", ["pb-lru", "lru"])
+def test_dense_map_budget_overrides_the_library_rule(policy, monkeypatch):
+    """CacheConfig.dense_map_bytes: the caller's budget, not the rule (here patched to refuse any dense table), picks
+    the maps; the plans are the same either way, and a budget below the table's size gives hash maps."""
+    monkeypatch.setattr(slot_map, "DENSE_LIMIT_BYTES", 0)
+    monkeypatch.setattr(slot_map, "DENSE_OVER_HASH", 0)
+    runs = {}
+    for budget, kind in ((0, HashSlotMaps), (1 << 30, DenseSlotMaps), (1, HashSlotMaps)):
+        c = _tp_cache(policy, dense_map_bytes=budget)
+        assert isinstance(c.buffers.maps, kind)
+        runs[budget] = _tp_steps(c)
+        assert isinstance(c.buffers.maps, kind)  # (the address space grew on the way: the choice held)
+    assert runs[0] == runs[1 << 30] == runs[1]
+    with pytest.raises(ValueError, match="dense_map_bytes must be >= 0"):
+        CacheConfig(dense_map_bytes=-1)
 
 
 @settings(max_examples=40, deadline=None)

@@ -40,7 +40,7 @@ class UlaCache:
         num_places = self.policy.num_places
         if self.tp and self.policy.exclusive:
             self.buffers = LocalBuffers(self.be, cfg.num_ranks, cfg.effective_local_buffer_slots, self.space,
-                                        base_place=num_places)
+                                        base_place=num_places, dense_map_bytes=cfg.dense_map_bytes)
             num_places += self.buffers.num_places
         self.index = AddressIndex(self.space, self.be, cfg.num_ranks)
         self.payload = PayloadIO(cfg, self.be, self.policy, self.buffers, self.index, num_places)

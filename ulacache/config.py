@@ -24,6 +24,9 @@ class CacheConfig:
     device_buffer_slots: HiSparse per-request LRU buffer (the newest token has one more slot).
     local_buffer_slots: TP per-rank buffer of selected-KV copies; 0 = gpu_slots.
     row_bytes: bytes of one row on a link in the statistics; 0 = payload_bytes if set, else 656.
+    dense_map_bytes: TP local buffers' address -> slot maps stay one dense table up to this many bytes (all ranks;
+        pages are touched only where addresses are mapped); 0 = the library's rule (slot_map.dense_rule: at most
+        1 GiB and 4x full hash maps). Speed for memory: the same plans either way.
     seed: kept for reproducible callers; every policy here is deterministic and uses no randomness.
     """
 
@@ -39,6 +42,7 @@ class CacheConfig:
     device_buffer_slots: int = 4096
     local_buffer_slots: int = 0
     row_bytes: int = 0
+    dense_map_bytes: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -61,7 +65,7 @@ class CacheConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"CacheConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("cpu_slots", "payload_bytes", "local_buffer_slots", "row_bytes", "seed"):
+        for name in ("cpu_slots", "payload_bytes", "local_buffer_slots", "row_bytes", "dense_map_bytes", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.num_ranks > 1024:

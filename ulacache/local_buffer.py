@@ -58,7 +58,7 @@ class _BufState:
 
 
 class LocalBuffers:
-    def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_limit: int | None = None):
+    def __init__(self, be, num_ranks: int, slots: int, space, base_place: int, dense_map_bytes: int = 0):
         self.be, self.R, self.slots = be, num_ranks, slots
         # places r * seg + s; victims from the stamp log (lru_log.StampLog: one stamp per access batch and address,
         # read from the oldest batch; the pinned-keys TP replay touches ~1/7 of each buffer per batch and evicts
@@ -71,8 +71,8 @@ class LocalBuffers:
         self.base = base_place  # unified place of buffer-local place 0
         self.space = space
         self.slots_per_rank = space.slots_per_rank
-        self.dense_limit = slot_map.DENSE_LIMIT_BYTES if dense_limit is None else dense_limit
-        self.maps = slot_map.make_slot_maps(num_ranks, space, slots, self.dense_limit)
+        self.dense_rule = slot_map.dense_rule(dense_map_bytes)  # (limit, over_hash): CacheConfig.dense_map_bytes
+        self.maps = slot_map.make_slot_maps(num_ranks, space, slots, *self.dense_rule)
         space.listeners.append(self._refit_maps)  # after the dense table's own listener
         # The maps are the authority on which address each slot holds: the pool's owner table is written from them
         # only when read (`_sync_owners`, by `check`), not per batch (a random write per miss). Slots claimed by the
@@ -82,7 +82,7 @@ class LocalBuffers:
         self._checked = (None, [])  # the last batch checked and its home bounds
 
     def _refit_maps(self, old: int) -> None:
-        self.maps = slot_map.fits(self.maps, self.slots, self.dense_limit)
+        self.maps = slot_map.fits(self.maps, self.slots, *self.dense_rule)
 
     def check_fits(self, uniq: np.ndarray) -> list[int]:
         """Home bounds of the ascending batch `uniq`; CapacityError when a rank's remote entries exceed its buffer

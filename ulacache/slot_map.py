@@ -31,13 +31,14 @@ class DenseSlotMaps:
     (keys are allocated addresses of `space`, an AddressSpace; the rows follow its storage), so one batch look-up
     for all ranks reads one cache line per address, not one per rank and address."""
 
-    def __init__(self, num_ranks: int, space, capacity: int | None = None, dense_limit: int | None = None):
+    def __init__(self, num_ranks: int, space, capacity: int | None = None, dense_limit: int | None = None,
+                 over_hash: float | None = None):
         self.R, self.space = num_ranks, space
         self._dt = np.dtype([("s", _dense_dtype(capacity), (num_ranks,))])
         self._rows = np.zeros(space.table.size, dtype=self._dt)  # slot + 1, 0 = none
         # With the owner's limits (make_slot_maps), a growth past `_dense_ok` converts straight to hash maps from
         # the old layout (`fits` hands them over) instead of re-laying a table that is dropped right after.
-        self._limits = (capacity, dense_limit)
+        self._limits = (capacity, dense_limit, over_hash)
         self.outgrown: HashSlotMaps | None = None
         space.listeners.append(self._grow)
 
@@ -51,8 +52,8 @@ class DenseSlotMaps:
         return self._rows.size
 
     def _grow(self, old: tuple) -> None:
-        capacity, limit = self._limits
-        if capacity is not None and not _dense_ok(self.R, self.space.table.size, capacity, limit):
+        capacity, limit, over_hash = self._limits
+        if capacity is not None and not _dense_ok(self.R, self.space.table.size, capacity, limit, over_hash):
             self.outgrown = self._hash_maps(capacity, old)
             return
         self._rows = self.space.rows.relayout(self._rows, old, 0)
@@ -415,29 +416,41 @@ def _dense_dtype(capacity: int | None):
     return np.uint16 if capacity is not None and capacity < 65535 else np.int32
 
 
-def _dense_ok(num_ranks: int, addresses: int, capacity: int, dense_limit: int) -> bool:
-    """Dense while its bytes stay under dense_limit and within DENSE_OVER_HASH x what full hash maps would take (or
-    under DENSE_FREE_BYTES): speed where it costs little, memory by the copies held where addresses far outnumber
+def _dense_ok(num_ranks: int, addresses: int, capacity: int, dense_limit: int,
+              over_hash: float | None = DENSE_OVER_HASH) -> bool:
+    """Dense while its bytes stay under dense_limit and within `over_hash` x what full hash maps would take (or
+    under DENSE_FREE_BYTES; `over_hash` None: dense_limit alone, a caller's own budget, see `dense_rule`): speed where it costs little, memory by the copies held where addresses far outnumber
     them (the pinned-keys TP replay: 8 ranks x 4.2M addresses x 2 B = 67 MB dense vs 19 MB hashed, measured
     ~800 of 1160 profiled seconds in the hash maps)."""
     dense = num_ranks * max(addresses, 1) * np.dtype(_dense_dtype(capacity)).itemsize
-    return dense <= min(dense_limit, max(DENSE_OVER_HASH * HASH_BYTES_PER_KEY * num_ranks * capacity, DENSE_FREE_BYTES))
+    if over_hash is None:
+        return dense <= dense_limit
+    return dense <= min(dense_limit, max(over_hash * HASH_BYTES_PER_KEY * num_ranks * capacity, DENSE_FREE_BYTES))
 
 
-def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int) -> DenseSlotMaps | HashSlotMaps:
+def dense_rule(dense_map_bytes: int = 0) -> tuple[int, float | None]:
+    """(dense_limit, over_hash) of `_dense_ok`: the library's rule (0: DENSE_LIMIT_BYTES, DENSE_OVER_HASH, read now so
+    that tests may patch them), or a caller's own budget in bytes per cache (CacheConfig.dense_map_bytes): a process
+    holding one indexer group's caches, not 21, can keep them dense far past the rule (paper-h200-tp-specoff group 0:
+    323 s dense against ~543 s for its first 600 of 6,000 steps hashed; docs/performance.md)."""
+    return (DENSE_LIMIT_BYTES, DENSE_OVER_HASH) if dense_map_bytes <= 0 else (dense_map_bytes, None)
+
+
+def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int,
+                   over_hash: float | None = DENSE_OVER_HASH) -> DenseSlotMaps | HashSlotMaps:
     """All ranks' maps: dense or hash (`_dense_ok` on the addresses in storage); the owner switches a dense map to
     hash maps when address storage outgrows that (see `fits`)."""
-    if _dense_ok(num_ranks, space.table.size, capacity, dense_limit):
-        return DenseSlotMaps(num_ranks, space, capacity, dense_limit)
+    if _dense_ok(num_ranks, space.table.size, capacity, dense_limit, over_hash):
+        return DenseSlotMaps(num_ranks, space, capacity, dense_limit, over_hash)
     return HashSlotMaps(num_ranks, capacity)
 
 
-def fits(maps, capacity: int, dense_limit: int):
+def fits(maps, capacity: int, dense_limit: int, over_hash: float | None = DENSE_OVER_HASH):
     """`maps`, or the same maps as hash maps once a dense table has outgrown `_dense_ok`."""
-    if isinstance(maps, DenseSlotMaps) and (maps.outgrown is not None
-                                            or not _dense_ok(maps.R, maps.num_addresses, capacity, dense_limit)):
+    if isinstance(maps, DenseSlotMaps) and (
+            maps.outgrown is not None or not _dense_ok(maps.R, maps.num_addresses, capacity, dense_limit, over_hash)):
         return maps.to_hash(capacity)
     return maps
 
 
-__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMaps", "HashSlotMap", "HashSlotMaps", "fits", "make_slot_maps", "misses_by_rank"]
+__all__ = ["DENSE_LIMIT_BYTES", "DenseSlotMaps", "dense_rule", "HashSlotMap", "HashSlotMaps", "fits", "make_slot_maps", "misses_by_rank"]

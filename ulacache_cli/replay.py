@@ -36,6 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("--policy-backend", choices=POLICY_BACKENDS, default=None,
                    help="array backend the policy caches run on (default $ULACACHE_POLICY_BACKEND, else numpy; auto: "
                    "cupy where a CUDA device is usable, else numpy); every metric but the wall time is the same on any")
+    p.add_argument("--dense-map-gb", type=float, default=None, metavar="GB",
+                   help="keep each policy cache's TP address maps one dense table up to this size (default: the "
+                   "library's rule, at most 1 GiB and 4x hash maps): faster for memory where few groups run at once "
+                   "(fidelity.only_group); every metric but the wall time and memory is the same")
     p.set_defaults(func=_replay)
 
 
@@ -89,7 +93,8 @@ def _replay(args: argparse.Namespace) -> int:
         metrics = sim.replay(args.config, stage.path, progress=not args.quiet,
                              trace_events=events_path if args.trace_events is not None else None,
                              calibration=args.calibration, overrides=sets, max_memory_gb=args.max_memory_gb,
-                             policy_workers=args.policy_workers, policy_backend=args.policy_backend)
+                             policy_workers=args.policy_workers, policy_backend=args.policy_backend,
+                             dense_map_gb=args.dense_map_gb)
         stage.publish()
         if events is not None:
             events.publish()
