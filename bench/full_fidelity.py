@@ -125,7 +125,8 @@ def child(spec: dict) -> None:
         prof.enable()
     m = sim.replay(spec["config"], None, progress=_ticker(t0, TICK_STEPS), overrides=spec["sets"],
                    policy_workers=spec["workers"], policy_backend=spec["backend"],
-                   max_memory_gb=spec.get("max_memory_gb"), on_step=_Totals(TICK_STEPS))
+                   max_memory_gb=spec.get("max_memory_gb"), on_step=_Totals(TICK_STEPS),
+                   dense_map_gb=spec.get("dense_map_gb"))
     if prof is not None:
         prof.disable()
     row = {k: m.get(k) for k in KEEP}
@@ -167,7 +168,7 @@ def _child_run(spec: dict, max_wall_s: float) -> tuple[bool, int, str, str]:
 def run_cut(args, steps: int | None) -> dict:
     sets = FULL + list(args.sets) + ([f"workload.max_steps={steps}"] if steps else [])
     spec = {"config": str(args.config), "sets": sets, "workers": args.policy_workers, "backend": args.policy_backend,
-            "max_memory_gb": args.max_memory_gb, "profile_top": args.profile_top}
+            "max_memory_gb": args.max_memory_gb, "profile_top": args.profile_top, "dense_map_gb": args.dense_map_gb}
     t0 = time.perf_counter()
     stopped, returncode, stdout, stderr = _child_run(spec, args.max_wall_s)
     if stopped:
@@ -254,6 +255,8 @@ def main() -> int:
                         "stopped run's end estimated from how its requests drain (bench/drain_estimate.py)")
     p.add_argument("--max-wall-s", type=float, default=540.0, help="a cut that runs longer is stopped")
     p.add_argument("--max-memory-gb", type=float, default=None)
+    p.add_argument("--dense-map-gb", type=float, default=None, metavar="GB",
+                   help="TP address maps dense up to this size a cache (`ulacache replay --dense-map-gb`)")
     p.add_argument("--profile-top", type=int, default=0, metavar="N",
                    help="profile each cut (cProfile, main process) and keep its N functions with the most own time")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "full_fidelity.json")
@@ -275,7 +278,7 @@ def main() -> int:
         # in its row's policy_threads)
         "ulacache_threads_env": os.environ.get(ENV_VAR) or None,
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
-        "sets": args.sets, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
+        "sets": args.sets, "dense_map_gb": args.dense_map_gb, "cuts": cuts, "derived": derive(cuts, args.full_run_steps),
     }
     if args.reference is not None:
         result["derived"].update(_drain(result, args))

@@ -131,7 +131,7 @@ def test_a_cut_runs_in_a_child_and_a_slow_one_is_stopped(ff, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(CFG))
     args = argparse.Namespace(config=cfg, sets=["fidelity.policy_groups=2"], policy_workers=1, policy_backend="numpy",
-                              max_memory_gb=None, profile_top=0, max_wall_s=300.0)
+                              max_memory_gb=None, profile_top=0, max_wall_s=300.0, dense_map_gb=None)
     row = ff.run_cut(args, 10)  # (FULL first, then --set: a default-fidelity cut)
     assert row["decode_steps"] == 10 and row["steps"] == 10 and row["ticks"] == [] and row["totals"] == []
     args.max_wall_s = 0.3
