@@ -11,7 +11,10 @@
 # most); a later call resumes from both where $SEED holds them (its .json and .tar, carried).
 # Usage on the device machine (repo root): RUNS="h200-tp-specon:2146" bash bench/full_fidelity_device.sh
 # (RUNS="": the tests and the selection bench alone; TESTS=0: the runs alone; TESTS=h200: the tests on an H200 only)
+# BYG_END_S: the by-group step ends this many seconds after the script began (instead of $BYG_S of its own), so tests
+# that ran first (an H200 came) do not push it past the call's limit before its finished logs are tarred.
 set -uo pipefail
+T0=$(date +%s)
 source hw/device_env.sh
 LOG=$OUT/fidelity.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
@@ -44,7 +47,9 @@ for name in ${BYGROUP-}; do
   echo "host memory in use before: $(used_kb) kB" | tee -a "$LOG"
   ( peak=0; while sleep 1; do u=$(used_kb); [ "$u" -gt "$peak" ] && peak=$u && echo "$peak" > /tmp/peak_kb; done ) &
   sampler=$!
-  ULACACHE_THREADS=1 timeout ${BYG_S:-500} python3 bench/full_fidelity_by_group.py "configs/paper-$name.yaml" \
+  byg_s=${BYG_S:-500}
+  [ -n "${BYG_END_S:-}" ] && byg_s=$(( BYG_END_S - ($(date +%s) - T0) ))
+  ULACACHE_THREADS=1 timeout $byg_s python3 bench/full_fidelity_by_group.py "configs/paper-$name.yaml" \
     --processes ${BYG_PROCESSES:-16} --ratios "$ratios" --out "$json" 2>&1 | tee -a "$LOG" | tail -25
   kill $sampler
   echo "=== end $(date -u +%H:%M:%S); host memory in use at its peak (sampled each second): $(cat /tmp/peak_kb) kB" \
