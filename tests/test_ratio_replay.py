@@ -1,17 +1,12 @@
 """sim/ratio_replay.py: every group's own replay, recorded, then played back together, gives the full-fidelity
 replay's metrics exactly (the timing too, which the by-group hit rate alone cannot)."""
 import pytest
+from replay_cases import FULL, RUN_ONLY, SMALL_TP
 
 import sim
 from sim.ratio_replay import RatioLog, RatioPlayer
 
-CFG = {"system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "num_gpus": 8}, "policy": "pb-lru",
-       "cpu_storage": True, "model": {"preset": "glm-5", "num_index_groups": 4},
-       "ulacache": {"gpu_pool_slots": 20000},
-       "workload": {"num_requests": 4, "max_concurrency": 4, "seed": 3, "max_steps": 25}}
-FULL = ["fidelity.policy_groups=0", "fidelity.request_fraction=1.0", "fidelity.step_stride=1"]
-RUN_ONLY = {"sim_wall_s", "sim_tokens_per_wall_s", "simpy_events_per_wall_s", "est_peak_memory_bytes",
-            "peak_rss_bytes"}  # how the replay ran, not what it simulated
+CFG = SMALL_TP
 
 
 def _logs(cfg: dict, sets: list[str], tmp_path, groups=range(4)) -> list[RatioLog]:
