@@ -23,7 +23,7 @@ def test_the_groups_alone_give_the_full_runs_hit_rate_and_a_rerun_resumes(byg, t
     cfg.write_text(yaml.safe_dump(CFG))
     out = tmp_path / "r.json"
     args = argparse.Namespace(config=cfg, sets=[], groups=None, processes=2, check_full=True, out=out,
-                              ratios=tmp_path / "ratios")
+                              ratios=tmp_path / "ratios", dense_map_gb=byg.DENSE_MAP_GB)
     got = byg.run(args)
     layers = got["layers"]
     assert len(layers) == 4 and len(set(layers)) > 1  # (unequal weights: the weighting is tested)
