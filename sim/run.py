@@ -336,7 +336,7 @@ def replay(config: dict | str | Path, out_dir: Path | None = None,
 
 
 def dense_map_bytes(dense_map_gb: float | None) -> int:
-    """--dense-map-gb in bytes (None: 0, the library's rule); a ValueError (one line) unless a finite number > 0."""
+    """--dense-map-gb in bytes (None: 0, the library's rule); a ValueError (one line) unless a number in (0, 1000]."""
     if dense_map_gb is None:
         return 0
     if isinstance(dense_map_gb, bool) or not isinstance(dense_map_gb, (int, float)) or not 0 < dense_map_gb <= 1000:

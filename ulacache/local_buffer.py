@@ -6,7 +6,8 @@ from their home rank's GPU pool (after any promotion from CPU) over NVLink (`num
 receiving rank). Replacement per rank: free buffer slots first (lowest first), then exact LRU over buffer slots not
 used by this batch, by (last-use access, slot); the i-th miss of a rank (ascending address) takes the i-th slot.
 Copies are caches: they never count as capacity. Address -> buffer slot: one map per rank (slot_map.py: one dense
-address-major table while the addresses in use keep it under slot_map.DENSE_LIMIT_BYTES, else hash tables), all
+address-major table while the addresses in use keep it within slot_map.dense_rule, or within the caller's
+CacheConfig.dense_map_bytes, else hash tables), all
 ranks looked up at once. The slots live in a `pools.Pool` (storage grows with the copies held); the LRU order is a
 `lru_log.StampLog` of the access batches' addresses with one last-access stamp per address (every rank touches
 every address of a batch not homed on it), so a selection reads the oldest batches, not the whole buffer.
