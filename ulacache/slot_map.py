@@ -416,12 +416,12 @@ def _dense_dtype(capacity: int | None):
     return np.uint16 if capacity is not None and capacity < 65535 else np.int32
 
 
-def _dense_ok(num_ranks: int, addresses: int, capacity: int, dense_limit: int,
-              over_hash: float | None = DENSE_OVER_HASH) -> bool:
+def _dense_ok(num_ranks: int, addresses: int, capacity: int, dense_limit: int, over_hash: float | None) -> bool:
     """Dense while its bytes stay under dense_limit and within `over_hash` x what full hash maps would take (or
-    under DENSE_FREE_BYTES; `over_hash` None: dense_limit alone, a caller's own budget, see `dense_rule`): speed where it costs little, memory by the copies held where addresses far outnumber
-    them (the pinned-keys TP replay: 8 ranks x 4.2M addresses x 2 B = 67 MB dense vs 19 MB hashed, measured
-    ~800 of 1160 profiled seconds in the hash maps)."""
+    under DENSE_FREE_BYTES; `over_hash` None: dense_limit alone, a caller's own budget, see `dense_rule`): speed
+    where it costs little, memory by the copies held where addresses far outnumber them (the pinned-keys TP replay:
+    8 ranks x 4.2M addresses x 2 B = 67 MB dense vs 19 MB hashed, measured ~800 of 1160 profiled seconds in the hash
+    maps)."""
     dense = num_ranks * max(addresses, 1) * np.dtype(_dense_dtype(capacity)).itemsize
     if over_hash is None:
         return dense <= dense_limit
@@ -432,20 +432,20 @@ def dense_rule(dense_map_bytes: int = 0) -> tuple[int, float | None]:
     """(dense_limit, over_hash) of `_dense_ok`: the library's rule (0: DENSE_LIMIT_BYTES, DENSE_OVER_HASH, read now so
     that tests may patch them), or a caller's own budget in bytes per cache (CacheConfig.dense_map_bytes): a process
     holding one indexer group's caches, not 21, can keep them dense far past the rule (paper-h200-tp-specoff group 0:
-    323 s dense against ~543 s for its first 600 of 6,000 steps hashed; docs/performance.md)."""
+    323 s dense against ~543 s for its first 600 of 6,000 steps hashed; docs/gpu.md)."""
     return (DENSE_LIMIT_BYTES, DENSE_OVER_HASH) if dense_map_bytes <= 0 else (dense_map_bytes, None)
 
 
 def make_slot_maps(num_ranks: int, space, capacity: int, dense_limit: int,
-                   over_hash: float | None = DENSE_OVER_HASH) -> DenseSlotMaps | HashSlotMaps:
-    """All ranks' maps: dense or hash (`_dense_ok` on the addresses in storage); the owner switches a dense map to
-    hash maps when address storage outgrows that (see `fits`)."""
+                   over_hash: float | None) -> DenseSlotMaps | HashSlotMaps:
+    """All ranks' maps: dense or hash (`_dense_ok` on the addresses in storage, under `dense_rule`'s bounds); the
+    owner switches a dense map to hash maps when address storage outgrows that (see `fits`)."""
     if _dense_ok(num_ranks, space.table.size, capacity, dense_limit, over_hash):
         return DenseSlotMaps(num_ranks, space, capacity, dense_limit, over_hash)
     return HashSlotMaps(num_ranks, capacity)
 
 
-def fits(maps, capacity: int, dense_limit: int, over_hash: float | None = DENSE_OVER_HASH):
+def fits(maps, capacity: int, dense_limit: int, over_hash: float | None):
     """`maps`, or the same maps as hash maps once a dense table has outgrown `_dense_ok`."""
     if isinstance(maps, DenseSlotMaps) and (
             maps.outgrown is not None or not _dense_ok(maps.R, maps.num_addresses, capacity, dense_limit, over_hash)):
