@@ -43,12 +43,15 @@ for name in ${BYGROUP-}; do
   mkdir -p "$ratios"
   [ -f "${SEED:-.}/full_fidelity_by_group_$name.json" ] && cp "$SEED/full_fidelity_by_group_$name.json" "$json"
   [ -f "${SEED:-.}/ratios_$name.tar" ] && tar -xf "$SEED/ratios_$name.tar" -C "$ratios"
+  byg_s=${BYG_S:-500}
+  [ -n "${BYG_END_S:-}" ] && byg_s=$(( BYG_END_S - ($(date +%s) - T0) ))
+  if [ "$byg_s" -lt 60 ]; then   # (timeout takes no negative limit; under a minute no group can finish)
+    echo "by group $name skipped: ${byg_s} s left of BYG_END_S=${BYG_END_S:-}" | tee -a "$LOG"; continue
+  fi
   used_kb() { awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo; }
   echo "host memory in use before: $(used_kb) kB" | tee -a "$LOG"
   ( peak=0; while sleep 1; do u=$(used_kb); [ "$u" -gt "$peak" ] && peak=$u && echo "$peak" > /tmp/peak_kb; done ) &
   sampler=$!
-  byg_s=${BYG_S:-500}
-  [ -n "${BYG_END_S:-}" ] && byg_s=$(( BYG_END_S - ($(date +%s) - T0) ))
   ULACACHE_THREADS=1 timeout $byg_s python3 bench/full_fidelity_by_group.py "configs/paper-$name.yaml" \
     --processes ${BYG_PROCESSES:-16} --ratios "$ratios" --out "$json" 2>&1 | tee -a "$LOG" | tail -25
   kill $sampler
