@@ -186,10 +186,28 @@ def _played(result: dict, row: dict) -> None:
         result["played"] = row
 
 
+def _check(args, num_groups: int) -> None:
+    """Bad arguments as one ValueError before any replay starts (not as a failed job's error after others ran)."""
+    from sim.run import dense_map_bytes
+
+    if args.processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {args.processes}")
+    dense_map_bytes(args.dense_map_gb)
+    bad = sorted({g for g in args.groups or [] if not 0 <= g < num_groups})
+    if bad:
+        raise ValueError(f"--groups {' '.join(map(str, bad))}: this config has groups 0-{num_groups - 1}")
+    if args.ratios is not None:
+        try:
+            args.ratios.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--ratios {args.ratios}: cannot create the directory ({e.strerror})") from None
+
+
 def run(args) -> dict:
     config = str(args.config)
     layers = _layers(config, FULL + args.sets)
-    groups = args.groups if args.groups else list(range(len(layers)))
+    _check(args, len(layers))
+    groups = sorted(set(args.groups)) if args.groups else list(range(len(layers)))
     result = _load(args.out)
     if result.get("config") != config or result.get("sets") != args.sets:
         result = {}

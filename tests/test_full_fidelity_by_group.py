@@ -123,3 +123,34 @@ def test_a_played_back_full_run_joins_the_fidelity_table(bench_module, tmp_path)
     data["played"]["hit_rate_matches_combined"] = False
     path.write_text(json.dumps(data))
     assert "paper-h200-tp-specon/full" not in fe.hit_records([path])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"processes": 0}, "--processes must be at least 1, got 0"),
+    ({"dense_map_gb": -1.0}, "--dense-map-gb must be a number > 0"),
+    ({"groups": [1, 4, -1]}, "--groups -1 4: this config has groups 0-3"),
+    ({"ratios": "file"}, "--ratios .*: cannot create the directory"),
+])
+def test_bad_arguments_are_one_line_before_any_replay(byg, tmp_path, monkeypatch, change, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    (tmp_path / "file").write_text("")  # a path under a file: no directory can be made there
+    fields = {"config": cfg, "sets": [], "groups": None, "processes": 2, "check_full": False,
+              "out": tmp_path / "r.json", "ratios": None, "dense_map_gb": byg.DENSE_MAP_GB}
+    fields.update(change)
+    if change.get("ratios"):
+        fields["ratios"] = tmp_path / "file" / "ratios"
+    monkeypatch.setattr(byg, "in_processes", lambda *a: pytest.fail("a replay started"))
+    with pytest.raises(ValueError, match=message):
+        byg.run(argparse.Namespace(**fields))
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_command_prints_a_bad_argument_in_one_line(byg, tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    argv = ["full_fidelity_by_group.py", str(cfg), "--out", str(tmp_path / "r.json"), "--processes", "0"]
+    monkeypatch.setattr("sys.argv", argv)
+    assert byg.main() == 2
+    err = capsys.readouterr().err
+    assert err == "error: --processes must be at least 1, got 0\n"
