@@ -300,7 +300,7 @@ def _other_seeds(extra: list[Path]) -> dict:
     """config -> the errors of the same study at other seeds (--table-extra files), for the table's spread."""
     out: dict = {}
     for path in extra:
-        other = json.loads(path.read_text())
+        other = _read_json(path)
         for r in other["table"]:
             out.setdefault(r["config"], []).append(
                 {"seed": other["meta"]["scale"].get("seed"), "source": str(path.resolve().relative_to(ROOT)),
@@ -442,15 +442,47 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:  # missing or not JSON: one line, not a traceback
             print(f"fidelity_error: cannot summarize {out}: {e}", file=sys.stderr)
             return 2
-    elif args.add or args.full_from or args.hits_from:
-        data = run_added(args, out)
     else:
-        data = run_study(args, out)
+        try:
+            _check(args)
+            data = run_added(args, out) if args.add or args.full_from or args.hits_from else run_study(args, out)
+        except (OSError, ValueError, KeyError) as e:  # a bad argument or input file: one line, not a traceback
+            print(f"fidelity_error: {e if not isinstance(e, KeyError) else f'an input file lacks the key {e}'}",
+                  file=sys.stderr)
+            return 2
     save(data, out)
     if args.write_table:
         write_table(data, TABLE_PAPER if args.paper else TABLE, args.table_extra, out)
     print(out.with_suffix(".md").read_text())
     return 0
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+
+
+def _check(args) -> None:
+    """Bad arguments as one ValueError before any replay starts."""
+    names = [n for n in args.only.split(",") if n]
+    if set(names) - set(CONFIGS):
+        raise ValueError(f"--only: unknown config {sorted(set(names) - set(CONFIGS))[0]!r} (the paper configs: "
+                         f"{', '.join(CONFIGS)})")
+    adds = {"default", "full", "matched", *VARIANTS}
+    if {v for v in args.add.split(",") if v} - adds:
+        raise ValueError(f"--add takes {', '.join(sorted(adds))}, got {args.add!r}")
+    counts = {"--jobs": args.jobs, "--policy-workers": args.policy_workers, "--steps-on": args.steps_on,
+              "--steps-off": args.steps_off}
+    for flag, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if args.cap < 0 or not args.min_free_gb >= 0:
+        raise ValueError("--cap and --min-free-gb must be >= 0")
+    for path in [*args.full_from, *args.hits_from, *args.table_extra]:
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
 
 
 def run_study(args, out: Path) -> dict:
@@ -486,7 +518,7 @@ def full_records(paths: list[Path]) -> dict:
 
     out = {}
     for path in paths:
-        data = json.loads(path.read_text())
+        data = _read_json(path)
         name = Path(data["config"]).stem
         whole = [c for c in data["cuts"] if c.get("steps") is None and "wall_s" in c]
         if name not in CONFIGS or data.get("sets") or not whole:
@@ -506,7 +538,7 @@ def hit_records(paths: list[Path]) -> dict:
     rate from every group's replay alone (no throughput), with its commit and machine."""
     out = {}
     for path in paths:
-        data = json.loads(path.read_text())
+        data = _read_json(path)
         name = Path(data.get("config", "")).stem
         comb = data.get("combined") or {}
         if name not in CONFIGS or data.get("sets") or comb.get("groups") != comb.get("of_groups") \
@@ -585,7 +617,10 @@ def _merge(data: dict, key: str, rec: dict) -> None:
 def run_added(args, out: Path) -> dict:
     """Replays of the named configs (a one-knob variant, or a rerun at this commit) merged into the study in --out
     at the scale it ran; each record names its commit."""
-    data = json.loads(out.read_text())
+    if not out.is_file():
+        raise ValueError(f"{out}: no study to add to (--add, --full-from and --hits-from merge into one; run the "
+                         "study first)")
+    data = _read_json(out)
     scale = data["meta"]["scale"]
     extras = {"default": [], "full": FULL, **VARIANTS}
     todo = []

@@ -236,6 +236,22 @@ def _drain(result: dict, args) -> dict:
         return {"drain_estimate_skipped": f"{type(exc).__name__}: {exc}"}
 
 
+def _check(args) -> None:
+    """Bad arguments as one ValueError before any cut starts (not as a traceback in each cut's row)."""
+    from sim.config import build, load_config
+    from sim.run import dense_map_bytes
+
+    positive = {"--max-wall-s": args.max_wall_s, "--max-memory-gb": args.max_memory_gb,
+                "--policy-workers": args.policy_workers, "--full-run-steps": args.full_run_steps}
+    for flag, value in positive.items():
+        if value is not None and not value > 0:  # (nan fails too)
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    if any(s < 0 for s in args.steps) or args.profile_top < 0:
+        raise ValueError("--steps and --profile-top must be >= 0")
+    dense_map_bytes(args.dense_map_gb)
+    build(load_config(args.config, FULL + list(args.sets)))  # (OSError or ValueError: the file, a key, a value)
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(json.loads(sys.argv[2]))
@@ -261,6 +277,11 @@ def main() -> int:
                    help="profile each cut (cProfile, main process) and keep its N functions with the most own time")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "full_fidelity.json")
     args = p.parse_args()
+    try:
+        _check(args)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     cuts = []
     for s in args.steps:
         row = run_cut(args, s or None)

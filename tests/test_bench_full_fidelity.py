@@ -136,3 +136,38 @@ def test_a_cut_runs_in_a_child_and_a_slow_one_is_stopped(ff, tmp_path):
     assert row["decode_steps"] == 10 and row["steps"] == 10 and row["ticks"] == [] and row["totals"] == []
     args.max_wall_s = 0.3
     assert ff.run_cut(args, None) == {"steps": None, "timed_out_after_s": 0.3, "ticks": [], "totals": []}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["configs/nope.yaml"], "error: config file not found: configs/nope.yaml"),
+    (["configs/demo.yaml", "--steps", "-5"], "error: --steps and --profile-top must be >= 0"),
+    (["configs/demo.yaml", "--max-wall-s", "nan"], "error: --max-wall-s must be > 0, got nan"),
+    (["configs/demo.yaml", "--dense-map-gb", "0"], "error: --dense-map-gb must be a number > 0"),
+    (["configs/demo.yaml", "--set", "workload.foo=1"], "error: configs/demo.yaml: unknown config key 'workload.foo'"),
+])
+def test_full_fidelity_refuses_bad_arguments_in_one_line_before_any_cut(ff, monkeypatch, capsys, tmp_path, argv,
+                                                                         message):
+    monkeypatch.chdir(ff.ROOT)
+    monkeypatch.setattr("sys.argv", ["full_fidelity.py", *argv, "--out", str(tmp_path / "o.json")])
+    monkeypatch.setattr(ff, "run_cut", lambda *a: pytest.fail("a cut started"))
+    assert ff.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "nope"], "--only: unknown config 'nope'"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--add", "bogus"], "--add takes default, fraction_4"),
+    (["--hits-from", "nope.json"], "nope.json: no such file"),
+    (["--full-from", "README.md"], "README.md: not JSON"),
+    (["--add", "default", "--out", "absent.json"], "absent.json: no study to add to"),
+])
+def test_fidelity_error_refuses_bad_arguments_in_one_line(bench_module, monkeypatch, capsys, argv, message):
+    fe = bench_module("fidelity_error")
+    monkeypatch.chdir(fe.ROOT)
+    monkeypatch.setattr(fe, "run_all", lambda *a: pytest.fail("a replay started"))
+    monkeypatch.setattr(fe, "save", lambda *a: pytest.fail("a result was written"))
+    assert fe.main(["--paper", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fidelity_error: {message}") and err.count("\n") == 1
