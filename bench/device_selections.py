@@ -40,7 +40,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "device_selections.json")
     args = ap.parse_args()
-    import cupy
+    if min(args.rows, args.q, args.groups, args.reps) < 1:
+        ap.error("--rows, --q, --groups and --reps must be at least 1")
+    try:
+        import cupy
+    except ImportError:
+        ap.error("needs cupy and a CUDA device (cupy-cuda13x is not in the CPU install)")
 
     spec = SelectionSpec.from_dict({"num_groups": 21, "top_k": 2048})  # GLM-5.2: 21 indexer groups, top-k 2048
     host, dev = SyntheticSelections(spec, 0), DeviceSelections(spec, 0)

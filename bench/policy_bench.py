@@ -132,13 +132,20 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 10x smaller pool and batch (smoke run)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one access+commit")
     ap.add_argument("--trials", type=int, default=5, help="fresh caches per policy (medians reported)")
     ap.add_argument("--out", type=Path, default=OUT)
+    return ap
+
+
+def main() -> int:
+    ap = _parser()
     args = ap.parse_args()
+    if args.trials < 1:
+        ap.error(f"--trials must be at least 1, got {args.trials}")
     load_before = os.getloadavg()
     scale = 10 if args.quick else 1
     gpu, cpu, num_req = 1_000_000 // scale, 10_000_000 // scale, 256 // scale

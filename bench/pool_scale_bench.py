@@ -146,6 +146,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="skip the TP part")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    if args.trials < 1:
+        ap.error(f"--trials must be at least 1, got {args.trials}")
     load_before = os.getloadavg()
     res = measure(args.trials, tp=not args.quick)
     print_summary(res)

@@ -160,6 +160,9 @@ def _overrides(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
+SECTIONS = ("pinned", "batch1", "paper", "paper-full")
+
+
 def section_runs(section: str) -> list[tuple[str, object, list[str], float, float]]:
     """(label, config, overrides, address-space limit GB, timeout s) of each replay of a section."""
     runs = []
@@ -222,8 +225,14 @@ def main() -> int:
     ap.add_argument("--filter", default="", help="run only replays whose label contains this")
     ap.add_argument("--timeout-s", type=float, default=None, help="override each replay's time limit")
     args = ap.parse_args()
+    unknown = sorted(set(args.only.split(",")) - set(SECTIONS))
+    if unknown or (args.timeout_s is not None and not args.timeout_s > 0):
+        ap.error(f"--only takes {','.join(SECTIONS)} and --timeout-s a number > 0 (got --only {args.only}, "
+                 f"--timeout-s {args.timeout_s})")
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {"bench": "scale", "sections": {}}
+    if result.get("bench") != "scale" or "sections" not in result:
+        ap.error(f"--out {out}: holds no scale bench result to add to")
     prev_date = result.get("date")
     result.pop("note", None)  # a note written by hand about the previous run
     speed = {"what": "least CPU-s of 3 runs of bench/scale_bench.py's SPEED_PROBE (a fixed workload; lower = faster machine)",

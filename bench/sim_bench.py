@@ -29,14 +29,18 @@ def main() -> int:
 
     load_before = os.getloadavg()
     t0, c0 = time.perf_counter(), time.process_time()
-    m = sim.replay(args.config, None, progress=False, overrides=args.sets)
+    try:
+        m = sim.replay(args.config, None, progress=False, overrides=args.sets)
+    except (OSError, ValueError) as exc:  # the config file, a key or a value: one line
+        print(f"sim_bench: {exc}", file=sys.stderr)
+        return 2
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     result = {
         "bench": "sim", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
-        "config": str(Path(args.config).relative_to(ROOT)) if Path(args.config).is_absolute() else args.config,
+        "config": str(Path(args.config).relative_to(ROOT)) if Path(args.config).is_relative_to(ROOT) else args.config,
         "overrides": args.sets,
         "wall_s": wall, "process_cpu_s": cpu,
         "decode_steps": m["decode_steps"], "decode_tokens": m["decode_tokens"],

@@ -87,6 +87,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=6, help="seeds per (system, cap): points = 9 x seeds")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sweep.json")
     args = ap.parse_args()
+    if args.seeds < 1:
+        ap.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.config is not None and not args.config.is_file():
+        ap.error(f"--config {args.config}: no such file")
     items = grid(args.seeds)
     load_before = os.getloadavg()
     if args.config is None:

@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=1, help="repeat the generation run; all trials are reported")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "trace.json"))
     args = ap.parse_args(argv)
+    if min(args.trials, args.tokens_per_step, 1 if args.threads is None else args.threads) < 1:
+        ap.error("--trials, --tokens-per-step and --threads must be at least 1")
     reqs, steps = (32, 10) if args.quick else (256, 100)
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     trials = [bench_generation(reqs, steps, 4, 21, args.tokens_per_step, args.threads) for _ in range(args.trials)]
