@@ -3,6 +3,7 @@
 Usage: python bench/dedup_crossover.py OUT.json. For marker sizes 2^16..2^26 and batches 2^8..2^20 (distinct, and each
 address 8 times), times both ways (CPU seconds, best of 3 repeats) and writes the grid with date, command, machine,
 load, and per marker size the largest batch where sorting was faster."""
+import argparse
 import json
 import os
 import platform
@@ -25,7 +26,9 @@ def best_s(f, reps: int) -> float:
 
 
 def main() -> int:
-    out = sys.argv[1]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", metavar="OUT.json", help="where the grid is written")
+    out = ap.parse_args().out
     be, rng, rows = NumpyBackend(), np.random.default_rng(0), []
     for mexp in range(16, 27, 2):
         M = 2**mexp

@@ -332,9 +332,8 @@ def main(argv=None) -> int:
         return 0
     if args.mem_budget_gb is None:
         args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    caps = tuple(int(c) for c in args.only_caps.split(","))
+    caps, extra = _checked(args)
     parts = [p for p in args.filter.split(",") if p]
-    extra = tuple(int(c) for c in args.b300_extra_caps.split(",") if c)
     runs = [r for r in todo(grid(caps, extra), data["records"], lambda r: run_config(r, args))
             if all(p in r["key"] for p in parts)]
     data["meta"] = _meta(args, argv, tree, data.get("meta") or {}, extra)
@@ -379,6 +378,25 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--compare", default=None, metavar="LABEL",
                     help="with --summarize: also write paper_configs_<LABEL>_vs_<label>.md, the two side by side")
     return ap
+
+
+def _checked(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The caps (--only-caps, --b300-extra-caps), after the counts are checked: a bad one is argparse's error and
+    exit 2 before any run starts."""
+    def caps(flag: str, text: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(c) for c in text.split(",") if c)
+        except ValueError:
+            out = (0,)
+        if any(c < 1 for c in out):
+            _parser().error(f"{flag} takes comma-separated caps of at least 1, got {text!r}")
+        return out
+
+    for flag, value in (("--jobs", args.jobs), ("--requests-per-cap", args.requests_per_cap),
+                        ("--steps-on", args.steps_on), ("--steps-off", args.steps_off)):
+        if value < 1:
+            _parser().error(f"{flag} must be at least 1, got {value}")
+    return caps("--only-caps", args.only_caps), caps("--b300-extra-caps", args.b300_extra_caps)
 
 
 def _summarize(args, path: Path, data: dict) -> None:

@@ -51,7 +51,7 @@ def run(policy: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", required=True)
-    ap.add_argument("--policies", nargs="*", default=["lru", "pb-lru"])
+    ap.add_argument("--policies", nargs="*", default=["lru", "pb-lru"], choices=["lru", "pb-lru"])
     ap.add_argument("--library-gap", action="store_true", help="also policy_bench.hit_rate_gap(80 steps, 2 seeds)")
     args = ap.parse_args()
     load_before = os.getloadavg()

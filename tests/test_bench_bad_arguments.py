@@ -18,12 +18,18 @@ CASES = [
     ("sweep_bench", ["--config", "configs/nope.yaml"], "--config configs/nope.yaml: no such file"),
     ("scale_bench", ["--only", "nope"], "--only takes pinned,batch1,paper,paper-full"),
     ("device_selections", ["--reps", "0"], "--rows, --q, --groups and --reps must be at least 1"),
+    ("paper_configs", ["--label", "x", "--jobs", "0"], "--jobs must be at least 1, got 0"),
+    ("paper_configs", ["--label", "x", "--only-caps", "1,abc"], "--only-caps takes comma-separated caps of at least 1"),
+    ("pblru_gap", ["--label", "x", "--policies", "nope"], "invalid choice: 'nope'"),
+    ("dedup_crossover", [], "the following arguments are required: OUT.json"),
 ]
+NO_OUT = {"paper_configs": "--out-dir", "pblru_gap": None, "dedup_crossover": None}  # (how they name their output)
 
 
 @pytest.mark.parametrize("script, argv, message", CASES, ids=lambda v: str(v)[:30])
 def test_a_bench_refuses_a_bad_argument_in_one_line(script, argv, message, tmp_path):
-    out = [] if "--out" in argv else ["--out", str(tmp_path / "o.json")]
+    flag = NO_OUT.get(script, "--out")
+    out = [flag, str(tmp_path / "o.json")] if flag and flag not in argv else []
     r = subprocess.run([sys.executable, f"bench/{script}.py", *argv, *out], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     lines = r.stderr.strip().splitlines()
