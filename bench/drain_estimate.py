@@ -74,9 +74,16 @@ def estimate(ticks: list[list[float]], ref_ticks: list[list[float]], ref_steps: 
             "drain_reference_steps": int(ref_steps), "curve_mismatch_requests": max(mismatch, default=None)}
 
 
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+
+
 def reference_of(path: Path) -> tuple[list[list[float]], int, int]:
     """(ticks, decode steps, admitted peak) of a whole run in a bench/full_fidelity.py JSON."""
-    data = json.loads(Path(path).read_text())
+    data = _json(Path(path))
     whole = [c for c in data.get("cuts", []) if c.get("steps") is None and "decode_steps" in c and c.get("ticks")]
     if not whole:
         raise ValueError(f"{path}: no whole run with progress ticks")
@@ -101,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-requests", type=int, required=True)
     ap.add_argument("--write", action="store_true", help="add the estimate to the stopped JSON's `derived`")
     args = ap.parse_args(argv)
+    if args.num_requests < 1:
+        ap.error(f"--num-requests must be at least 1, got {args.num_requests}")
     try:
-        data = json.loads(args.stopped.read_text())
+        data = _json(args.stopped)
         got = for_stopped(data, args.reference, args.num_requests)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

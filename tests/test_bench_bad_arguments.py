@@ -22,8 +22,10 @@ CASES = [
     ("paper_configs", ["--label", "x", "--only-caps", "1,abc"], "--only-caps takes comma-separated caps of at least 1"),
     ("pblru_gap", ["--label", "x", "--policies", "nope"], "invalid choice: 'nope'"),
     ("dedup_crossover", [], "the following arguments are required: OUT.json"),
+    ("drain_estimate", ["README.md", "--reference", "README.md", "--num-requests", "0"],
+     "--num-requests must be at least 1, got 0"),
 ]
-NO_OUT = {"paper_configs": "--out-dir", "pblru_gap": None, "dedup_crossover": None}  # (how they name their output)
+NO_OUT = {"paper_configs": "--out-dir", "pblru_gap": None, "dedup_crossover": None, "drain_estimate": None}  # (how they name their output)
 
 
 @pytest.mark.parametrize("script, argv, message", CASES, ids=lambda v: str(v)[:30])

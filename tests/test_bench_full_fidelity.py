@@ -121,6 +121,9 @@ def test_the_drain_estimate_reads_bench_jsons_and_refuses_what_it_cannot_use(ben
     assert de.main([str(stopped), "--reference", str(ref), "--num-requests", "100"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+    stopped.write_text("not json")
+    assert de.main([str(stopped), "--reference", str(ref), "--num-requests", "100"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {stopped}: not JSON")
 
 
 def test_a_cut_runs_in_a_child_and_a_slow_one_is_stopped(ff, tmp_path):
