@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hw.measurements import read_json_limited
+
 
 def _running(done: np.ndarray, num_requests: int, admitted: int) -> np.ndarray:
     return np.minimum(float(admitted), num_requests - done)
@@ -74,16 +76,9 @@ def estimate(ticks: list[list[float]], ref_ticks: list[list[float]], ref_steps: 
             "drain_reference_steps": int(ref_steps), "curve_mismatch_requests": max(mismatch, default=None)}
 
 
-def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-
-
 def reference_of(path: Path) -> tuple[list[list[float]], int, int]:
     """(ticks, decode steps, admitted peak) of a whole run in a bench/full_fidelity.py JSON."""
-    data = _json(Path(path))
+    data = read_json_limited(path, "--reference")
     whole = [c for c in data.get("cuts", []) if c.get("steps") is None and "decode_steps" in c and c.get("ticks")]
     if not whole:
         raise ValueError(f"{path}: no whole run with progress ticks")
@@ -111,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_requests < 1:
         ap.error(f"--num-requests must be at least 1, got {args.num_requests}")
     try:
-        data = _json(args.stopped)
+        data = read_json_limited(args.stopped, "stopped")
         got = for_stopped(data, args.reference, args.num_requests)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from hw.measurements import read_json_limited
 from sim.footprint import mem_available_bytes
 from traces.atomic import atomic_write_text
 
@@ -300,7 +301,7 @@ def _other_seeds(extra: list[Path]) -> dict:
     """config -> the errors of the same study at other seeds (--table-extra files), for the table's spread."""
     out: dict = {}
     for path in extra:
-        other = _read_json(path)
+        other = read_json_limited(path, "--table-extra")
         for r in other["table"]:
             out.setdefault(r["config"], []).append(
                 {"seed": other["meta"]["scale"].get("seed"), "source": str(path.resolve().relative_to(ROOT)),
@@ -457,13 +458,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
-
-
 def _check(args) -> None:
     """Bad arguments as one ValueError before any replay starts."""
     names = [n for n in args.only.split(",") if n]
@@ -518,7 +512,7 @@ def full_records(paths: list[Path]) -> dict:
 
     out = {}
     for path in paths:
-        data = _read_json(path)
+        data = read_json_limited(path, "--full-from")
         name = Path(data["config"]).stem
         whole = [c for c in data["cuts"] if c.get("steps") is None and "wall_s" in c]
         if name not in CONFIGS or data.get("sets") or not whole:
@@ -538,7 +532,7 @@ def hit_records(paths: list[Path]) -> dict:
     rate from every group's replay alone (no throughput), with its commit and machine."""
     out = {}
     for path in paths:
-        data = _read_json(path)
+        data = read_json_limited(path, "--hits-from")
         name = Path(data.get("config", "")).stem
         comb = data.get("combined") or {}
         if name not in CONFIGS or data.get("sets") or comb.get("groups") != comb.get("of_groups") \
@@ -620,7 +614,7 @@ def run_added(args, out: Path) -> dict:
     if not out.is_file():
         raise ValueError(f"{out}: no study to add to (--add, --full-from and --hits-from merge into one; run the "
                          "study first)")
-    data = _read_json(out)
+    data = read_json_limited(out, "--out")
     scale = data["meta"]["scale"]
     extras = {"default": [], "full": FULL, **VARIANTS}
     todo = []

@@ -323,7 +323,8 @@ def _commit(tree: Path) -> str:
 
 def main(argv=None) -> int:
     """Run the grid's missing records (or only rebuild the table), saving after each record."""
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
     tree = Path(args.tree).resolve()
     path = Path(args.out_dir) / f"paper_configs_{args.label}.json"
     data = load_records(path)
@@ -332,7 +333,7 @@ def main(argv=None) -> int:
         return 0
     if args.mem_budget_gb is None:
         args.mem_budget_gb = 0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    caps, extra = _checked(args)
+    caps, extra = _checked(ap, args)
     parts = [p for p in args.filter.split(",") if p]
     runs = [r for r in todo(grid(caps, extra), data["records"], lambda r: run_config(r, args))
             if all(p in r["key"] for p in parts)]
@@ -380,7 +381,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _checked(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _checked(ap: argparse.ArgumentParser, args) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The caps (--only-caps, --b300-extra-caps), after the counts are checked: a bad one is argparse's error and
     exit 2 before any run starts."""
     def caps(flag: str, text: str) -> tuple[int, ...]:
@@ -389,13 +390,13 @@ def _checked(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
         except ValueError:
             out = (0,)
         if any(c < 1 for c in out):
-            _parser().error(f"{flag} takes comma-separated caps of at least 1, got {text!r}")
+            ap.error(f"{flag} takes comma-separated caps of at least 1, got {text!r}")
         return out
 
     for flag, value in (("--jobs", args.jobs), ("--requests-per-cap", args.requests_per_cap),
                         ("--steps-on", args.steps_on), ("--steps-off", args.steps_off)):
         if value < 1:
-            _parser().error(f"{flag} must be at least 1, got {value}")
+            ap.error(f"{flag} must be at least 1, got {value}")
     return caps("--only-caps", args.only_caps), caps("--b300-extra-caps", args.b300_extra_caps)
 
 

@@ -123,7 +123,7 @@ def test_the_drain_estimate_reads_bench_jsons_and_refuses_what_it_cannot_use(ben
     assert err.startswith("error: ") and err.count("\n") == 1
     stopped.write_text("not json")
     assert de.main([str(stopped), "--reference", str(ref), "--num-requests", "100"]) == 2
-    assert capsys.readouterr().err.startswith(f"error: {stopped}: not JSON")
+    assert capsys.readouterr().err.startswith(f"error: stopped {stopped}: not a readable JSON file")
 
 
 def test_a_cut_runs_in_a_child_and_a_slow_one_is_stopped(ff, tmp_path):
@@ -163,7 +163,7 @@ def test_full_fidelity_refuses_bad_arguments_in_one_line_before_any_cut(ff, monk
     (["--jobs", "0"], "--jobs must be at least 1"),
     (["--add", "bogus"], "--add takes default, fraction_4"),
     (["--hits-from", "nope.json"], "nope.json: no such file"),
-    (["--full-from", "README.md"], "README.md: not JSON"),
+    (["--full-from", "README.md"], "--full-from README.md: not a readable JSON file"),
     (["--add", "default", "--out", "absent.json"], "absent.json: no study to add to"),
 ])
 def test_fidelity_error_refuses_bad_arguments_in_one_line(bench_module, monkeypatch, capsys, argv, message):

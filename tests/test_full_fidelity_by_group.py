@@ -4,13 +4,11 @@ import argparse
 
 import pytest
 import yaml
+from replay_cases import SMALL_TP
 
 import sim
 
-CFG = {"system": "ulacache", "attention": "tp", "hardware": {"preset": "h200", "num_gpus": 8}, "policy": "pb-lru",
-       "cpu_storage": True, "model": {"preset": "glm-5", "num_index_groups": 4},
-       "ulacache": {"gpu_pool_slots": 20000},
-       "workload": {"num_requests": 4, "max_concurrency": 4, "seed": 3, "max_steps": 25}}
+CFG = SMALL_TP
 
 
 @pytest.fixture(scope="module")
